@@ -1,0 +1,1 @@
+"""A CPU interpreter of the public NKI API with trn2 limits and a cost model."""

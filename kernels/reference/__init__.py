@@ -1,0 +1,1 @@
+"""Float64, token-by-token references: the oracle every kernel and backend is tested against."""

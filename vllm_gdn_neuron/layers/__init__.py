@@ -1,0 +1,1 @@
+"""vLLM layers: the GatedDeltaNet layer in the mamba-style cache."""

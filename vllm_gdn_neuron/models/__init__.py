@@ -1,0 +1,1 @@
+"""Qwen3.5 / Qwen3-Next models for vLLM."""

@@ -1,0 +1,1 @@
+"""The public GDN op surface; validates inputs and dispatches to a backend."""
