@@ -1,0 +1,279 @@
+"""Trace and trn2 cost model: what a recorded kernel call would take on one NeuronCore-v3.
+
+Usage::
+
+    from vllm_gdn_neuron.kernels.interp import cost
+    with cost.record() as recording:
+        out = kernel(x, y)            # any number of @nki.jit launches
+    report = recording.report()       # CostReport
+    print(report.table())             # every figure labelled "modeled"
+    report.modeled_time_s, report.engine_busy_share["tensor"], report.tensor_utilisation
+
+Model. Each instruction is charged an engine occupancy from :class:`Trn2Spec`:
+
+* TensorE (``nc_matmul``, ``nc_transpose``): one moving column per cycle,
+  ``max(N, matmul_min_columns)`` cycles, four passes for fp32 operands, at the clock
+  that makes a 128 x 128 array deliver ``tensor_bf16_flops``.
+* VectorE / ScalarE / GpSimd: ``fixed overhead + elements per partition * 128 / rate``
+  (a tile using fewer than 128 partitions leaves lanes idle).
+* DMA: ``sum over descriptors of max(descriptor bytes, dma_min_descriptor_bytes)`` at the
+  per-core HBM share, plus a fixed completion latency (pipelined: it delays dependants, not
+  the queue).
+
+Engines are in-order queues running in parallel; an instruction starts when its engine is
+free and every earlier instruction it depends on (read-after-write, write-after-read,
+write-after-write on overlapping element ranges of the same tensor) has completed. The
+modeled time is the completion of the last instruction. A model, not a measurement.
+"""
+
+import contextlib
+import dataclasses
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+PARTITIONS = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Trn2Spec:
+    """Cost-model constants for one trn2 NeuronCore (public figures; see kernels/interp/README.md)."""
+
+    tensor_bf16_flops: float = 79e12        # NeuronCore-v3 TensorE, dense BF16/FP16
+    tensor_rows: int = 128
+    tensor_cols: int = 128
+    fp32_passes: int = 4                    # fp32 matmul at a quarter of the bf16 rate
+    matmul_min_columns: int = 64            # pipeline fill per matmul instruction (assumed)
+    vector_elements_per_s: float = 1.0e12   # VectorE ~1.0 TFLOP/s fp32 (nki-notes.md)
+    scalar_elements_per_s: float = 1.2e12   # ScalarE ~1.2 TFLOP/s fp32 (nki-notes.md)
+    gpsimd_elements_per_s: float = 0.5e12   # GpSimd (assumed: half of VectorE)
+    engine_clock_hz: float = 1.4e9          # Vector/Scalar/GpSimd instruction overhead clock
+    vector_overhead_cycles: int = 64        # documented MIN_II order of magnitude
+    gpsimd_overhead_cycles: int = 150       # affine_select/iota documented fixed cost
+    hbm_bytes_per_s: float = 2.9e12 / 8     # 2.9 TB/s per chip shared by 8 cores
+    dma_latency_s: float = 2e-6             # fixed DMA completion latency per instruction
+    dma_min_descriptor_bytes: int = 512     # descriptors below 512 B move at 512 B cost
+
+    @property
+    def tensor_clock_hz(self) -> float:
+        return self.tensor_bf16_flops / (2 * self.tensor_rows * self.tensor_cols)
+
+    def occupancy(self, engine: str, work: dict) -> tuple:
+        """``(busy seconds on the engine, extra completion latency)`` of one instruction."""
+        if engine == "tensor":
+            passes = self.fp32_passes if work["fp32"] else 1
+            return max(work["columns"], self.matmul_min_columns) * passes / self.tensor_clock_hz, 0.0
+        if engine == "dma":
+            moved = work["descriptors"] * max(work["run_bytes"], self.dma_min_descriptor_bytes)
+            return moved / self.hbm_bytes_per_s, self.dma_latency_s
+        per_partition = work["elements"] / work["partitions"]
+        if engine == "gpsimd":
+            rate, overhead = self.gpsimd_elements_per_s, self.gpsimd_overhead_cycles
+        else:
+            rate = self.scalar_elements_per_s if engine == "scalar" else self.vector_elements_per_s
+            overhead = self.vector_overhead_cycles
+        return overhead / self.engine_clock_hz + per_partition * PARTITIONS / rate, 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One recorded instruction (times in modeled seconds from the recording's start)."""
+
+    index: int
+    engine: str
+    op: str
+    program_id: tuple
+    dst_shape: tuple
+    dst_dtype: str
+    input_shapes: tuple
+    macs: int
+    elements: int
+    bytes_moved: int
+    hbm_bytes: int
+    start_s: float
+    end_s: float
+    done_s: float
+
+
+class _Regions:
+    """Per tensor, the element ranges recently read or written and when that completes."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self):
+        self.entries = {}  # uid -> list of [lo, hi, done]
+
+    def ready(self, uid, lo, hi) -> float:
+        latest = 0.0
+        for elo, ehi, done in self.entries.get(uid, ()):
+            if elo <= hi and lo <= ehi and done > latest:
+                latest = done
+        return latest
+
+    def add(self, uid, lo, hi, done) -> None:
+        kept = [e for e in self.entries.get(uid, ()) if not (lo <= e[0] and e[1] <= hi and e[2] <= done)]
+        kept.append((lo, hi, done))
+        self.entries[uid] = kept
+
+    def drop_covered(self, uid, lo, hi, done) -> None:
+        entries = self.entries.get(uid)
+        if entries:
+            self.entries[uid] = [e for e in entries if not (lo <= e[0] and e[1] <= hi and e[2] <= done)]
+
+
+class Recorder:
+    """Collects and schedules the instructions of every launch inside ``cost.record()``."""
+
+    def __init__(self, spec: Trn2Spec, keep_instructions: bool = True):
+        self.spec = spec
+        self.keep_instructions = keep_instructions
+        self.instructions = []
+        self.count = 0
+        self.engine_free = dict.fromkeys(ENGINES, 0.0)
+        self.busy = dict.fromkeys(ENGINES, 0.0)
+        self.per_op = {}
+        self.macs = 0
+        self.hbm_bytes = 0
+        self.dma_bytes = 0
+        self.end = 0.0
+        self.launches = []
+        self._reads = _Regions()
+        self._writes = _Regions()
+
+    def add(self, engine, op, dst, inputs, program_id, work) -> None:
+        """Schedule one instruction writing ``dst`` and reading ``inputs``."""
+        occupancy, latency = self.spec.occupancy(engine, work)
+        reads = [t.extent() for t in inputs]
+        write = dst.extent()
+        start = self.engine_free[engine]
+        for uid, lo, hi in reads:
+            start = max(start, self._writes.ready(uid, lo, hi))
+        start = max(start, self._writes.ready(*write), self._reads.ready(*write))
+        end = start + occupancy
+        done = end + latency
+        self.engine_free[engine] = end
+        self.busy[engine] += occupancy
+        for uid, lo, hi in reads:
+            self._reads.add(uid, lo, hi, done)
+        self._reads.drop_covered(*write, done)
+        self._writes.add(*write, done)
+        self.end = max(self.end, done)
+        macs = work.get("macs", 0)
+        self.macs += macs
+        self.hbm_bytes += work.get("hbm_bytes", 0)
+        self.dma_bytes += work.get("bytes", 0)
+        stats = self.per_op.setdefault(op, [0, 0.0])
+        stats[0] += 1
+        stats[1] += occupancy
+        if self.keep_instructions:
+            self.instructions.append(Instruction(
+                self.count, engine, op, program_id, dst.shape, dst.dtype.name,
+                tuple(t.shape for t in inputs), macs, work.get("elements", 0), work.get("bytes", 0),
+                work.get("hbm_bytes", 0), start, end, done,
+            ))
+        self.count += 1
+
+    def finish_launch(self, kernel_name, grid, memory) -> None:
+        self.launches.append(dict(kernel=kernel_name, grid=grid, sbuf_peak_bytes=memory.sbuf_peak,
+                                  psum_peak_bytes=memory.psum_peak))
+
+    def report(self) -> "CostReport":
+        total = self.end
+        spec = self.spec
+        peak_macs = spec.tensor_rows * spec.tensor_cols * spec.tensor_clock_hz
+        return CostReport(
+            modeled_time_s=total,
+            engine_busy_s=dict(self.busy),
+            engine_busy_share={e: (b / total if total else 0.0) for e, b in self.busy.items()},
+            tensor_utilisation=(self.macs / (peak_macs * total) if total else 0.0),
+            tensor_roofline_s=self.macs / peak_macs,
+            hbm_roofline_s=self.hbm_bytes / spec.hbm_bytes_per_s,
+            macs=self.macs,
+            hbm_bytes=self.hbm_bytes,
+            dma_bytes=self.dma_bytes,
+            instructions=self.count,
+            per_op={op: (n, t) for op, (n, t) in self.per_op.items()},
+            sbuf_peak_bytes=max((launch["sbuf_peak_bytes"] for launch in self.launches), default=0),
+            psum_peak_bytes=max((launch["psum_peak_bytes"] for launch in self.launches), default=0),
+            launches=len(self.launches),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CostReport:
+    """Modeled trn2 figures of a recording.
+
+    Attributes:
+        modeled_time_s: completion of the last instruction (modeled seconds).
+        engine_busy_s / engine_busy_share: per engine, busy seconds and busy / modeled time.
+        tensor_utilisation: MACs done / (128 x 128 MACs per TensorE cycle x modeled time),
+            against the bf16 peak (fp32 matmuls can reach at most 1/4).
+        tensor_roofline_s, hbm_roofline_s: the time the MACs alone at bf16 peak, and the HBM
+            bytes alone at the per-core share, would take; ``roofline_s`` is their max.
+        per_op: op name -> (instruction count, engine busy seconds).
+        sbuf_peak_bytes, psum_peak_bytes: peak live bytes per partition over the launches.
+    """
+
+    modeled_time_s: float
+    engine_busy_s: dict
+    engine_busy_share: dict
+    tensor_utilisation: float
+    tensor_roofline_s: float
+    hbm_roofline_s: float
+    macs: int
+    hbm_bytes: int
+    dma_bytes: int
+    instructions: int
+    per_op: dict
+    sbuf_peak_bytes: int
+    psum_peak_bytes: int
+    launches: int
+
+    @property
+    def roofline_s(self) -> float:
+        return max(self.tensor_roofline_s, self.hbm_roofline_s)
+
+    def table(self) -> str:
+        """A plain-text summary; every figure is labelled modeled."""
+        us = 1e6
+        lines = [
+            f"modeled trn2 time           {self.modeled_time_s * us:12.2f} us  ({self.instructions} instructions, "
+            f"{self.launches} launch(es))",
+            f"modeled roofline            {self.roofline_s * us:12.2f} us  (TensorE {self.tensor_roofline_s * us:.2f} us, "
+            f"HBM {self.hbm_roofline_s * us:.2f} us)",
+            f"modeled TensorE utilisation {self.tensor_utilisation * 100:11.1f} %   of bf16 peak",
+            f"modeled HBM traffic         {self.hbm_bytes / 1e6:12.3f} MB",
+        ]
+        for engine in ENGINES:
+            lines.append(f"modeled {engine:<7} busy        {self.engine_busy_s[engine] * us:12.2f} us  "
+                         f"({self.engine_busy_share[engine] * 100:5.1f} % of modeled time)")
+        for op, (count, busy) in sorted(self.per_op.items(), key=lambda item: -item[1][1]):
+            lines.append(f"modeled {op:<20} {count:7d} x  {busy * us:12.2f} us busy")
+        lines.append(f"peak SBUF {self.sbuf_peak_bytes / 1024:.1f} KiB / partition, "
+                     f"peak PSUM {self.psum_peak_bytes / 1024:.1f} KiB / partition")
+        return "\n".join(lines)
+
+
+_active = None
+
+
+def active_recorder():
+    """The recorder of the innermost ``cost.record()`` block, or None."""
+    return _active
+
+
+@contextlib.contextmanager
+def record(spec: Trn2Spec = None, keep_instructions: bool = True):
+    """Record and model every kernel launch in the block; yields the :class:`Recorder`.
+
+    Args:
+        spec: cost constants (default :class:`Trn2Spec`).
+        keep_instructions: keep the per-instruction list in ``recorder.instructions``
+            (turn off for very long traces; totals are kept either way).
+    """
+    global _active
+    previous = _active
+    recorder = Recorder(spec or Trn2Spec(), keep_instructions)
+    _active = recorder
+    try:
+        yield recorder
+    finally:
+        _active = previous

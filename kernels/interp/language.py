@@ -1,0 +1,159 @@
+"""``nki.language`` (``nl``) for the interpreter: buffers, dtypes, allocation, indexing, ops.
+
+Allocation: ``nl.ndarray(shape, dtype, buffer=nl.sbuf)`` returns an *uninitialised* tensor,
+filled with NaN (float) or the most negative integer so that reading before writing shows
+up in results, as garbage would on hardware. SBUF and PSUM tensors count against the
+core's capacity while alive (see :mod:`.memory`). Kernel outputs are allocated with
+``buffer=nl.shared_hbm`` and returned by the kernel.
+"""
+
+import builtins
+import weakref
+
+import numpy as np
+
+from . import dtypes as _dtypes
+from . import runtime as _runtime
+from .memory import PARTITIONS, PSUM_BANK_BYTES
+from .ops import (  # noqa: F401 - re-exported operator tokens
+    abs, add, copy, divide, equal, exp, gelu_apprx_tanh, greater, greater_equal, less, less_equal,
+    log, max, maximum, min, minimum, multiply, negative, not_equal, power, reciprocal, relu,
+    rsqrt, sigmoid, silu, softplus, sqrt, square, subtract, tanh,
+)
+from .tensor import BUFFERS, HBM, ON_CHIP, PSUM, SBUF, SHARED_HBM, DynSlice, Tensor, _check_partitions
+
+float32 = _dtypes.float32
+bfloat16 = _dtypes.bfloat16
+float16 = _dtypes.float16
+int32 = _dtypes.int32
+int16 = _dtypes.int16
+int8 = _dtypes.int8
+uint8 = _dtypes.uint8
+
+sbuf = SBUF
+psum = PSUM
+hbm = HBM
+private_hbm = HBM
+shared_hbm = SHARED_HBM
+
+
+class tile_size:  # noqa: N801 - NKI's name
+    """Hardware tile limits, as ``nl.tile_size`` documents them."""
+
+    pmax = PARTITIONS
+    psum_fmax = PSUM_BANK_BYTES // 4
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+
+
+def ds(start, size) -> DynSlice:
+    """Index range ``start .. start + size - 1`` (``t[nl.ds(i * 128, 128)]``)."""
+    return DynSlice(start, size)
+
+
+def affine_range(*args):
+    """Loop range; loops unroll at trace time, so this is ``range``."""
+    return builtins.range(*args)
+
+
+sequential_range = affine_range
+static_range = affine_range
+
+
+def program_id(axis: int = 0) -> int:
+    """Index of the running program along grid ``axis`` (0 outside a grid launch)."""
+    execution = _runtime.current("nl.program_id")
+    if not execution.grid:
+        return 0
+    if not 0 <= axis < len(execution.grid):
+        raise ValueError(f"nl.program_id: axis must be in [0, {len(execution.grid)}), got {axis}")
+    return execution.program_id[axis]
+
+
+def num_programs(axis: int = 0) -> int:
+    """Size of the launch grid along ``axis`` (1 outside a grid launch)."""
+    execution = _runtime.current("nl.num_programs")
+    if not execution.grid:
+        return 1
+    if not 0 <= axis < len(execution.grid):
+        raise ValueError(f"nl.num_programs: axis must be in [0, {len(execution.grid)}), got {axis}")
+    return execution.grid[axis]
+
+
+def program_ndim() -> int:
+    """Number of grid axes of the launch."""
+    return len(_runtime.current("nl.program_ndim").grid)
+
+
+def _garbage(shape, dtype) -> np.ndarray:
+    if dtype in _dtypes.FLOATS:
+        return np.full(shape, np.nan, dtype=dtype)
+    return np.full(shape, np.iinfo(dtype).min, dtype=dtype)
+
+
+def ndarray(shape, dtype, buffer=sbuf, name: str = None) -> Tensor:
+    """Allocate a tensor of ``shape`` and ``dtype`` in ``buffer`` (uninitialised).
+
+    Args:
+        shape: tuple of ints >= 1; axis 0 is the partition axis for SBUF/PSUM (<= 128).
+        dtype: nl.float32, nl.bfloat16, nl.float16, nl.int32 (or int16/int8/uint8).
+        buffer: nl.sbuf (default), nl.psum, nl.hbm (kernel scratch) or nl.shared_hbm
+            (kernel outputs; in a grid launch every program gets the same tensor).
+    """
+    execution = _runtime.current("nl.ndarray")
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise ValueError(f"nl.ndarray: shape must be a tuple of ints, got {shape!r}") from None
+    if not shape or builtins.min(shape) < 1:
+        raise ValueError(f"nl.ndarray: shape must be non-empty with sizes >= 1, got {shape}")
+    dtype = _dtypes.canonical(dtype, "nl.ndarray: dtype")
+    if buffer not in BUFFERS:
+        raise ValueError(f"nl.ndarray: buffer must be one of nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, got {buffer!r}")
+    label = name or f"{buffer}{list(shape)}"
+    _check_partitions("nl.ndarray", shape, buffer, label)
+    if buffer == SHARED_HBM and execution.grid:
+        return _shared(execution, shape, dtype, label)
+    per_partition = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if buffer in ON_CHIP else 0
+    what = f"{label} {dtype.name}"
+    memory = execution.memory
+    if buffer == SBUF:
+        memory.allocate_sbuf(per_partition, what)
+        tensor = Tensor(_garbage(shape, dtype), buffer, name=label)
+        weakref.finalize(tensor, memory.release_sbuf, per_partition)
+    elif buffer == PSUM:
+        bank = memory.allocate_psum(per_partition, what)
+        tensor = Tensor(_garbage(shape, dtype), buffer, name=label)
+        weakref.finalize(tensor, memory.release_psum, per_partition, bank)
+    else:
+        tensor = Tensor(_garbage(shape, dtype), buffer, name=label)
+    return tensor
+
+
+def _shared(execution, shape, dtype, label) -> Tensor:
+    """The k-th shared_hbm allocation of every program of a grid is one tensor."""
+    index = execution.shared_cursor
+    execution.shared_cursor += 1
+    if index < len(execution.shared):
+        tensor = execution.shared[index]
+        if tensor.shape != shape or tensor.dtype != dtype:
+            raise ValueError(
+                f"nl.ndarray: shared_hbm allocation #{index} of program {execution.program_id} is "
+                f"{shape} {dtype.name}, but program 0 allocated {tensor.shape} {tensor.dtype.name}"
+            )
+        return tensor
+    tensor = Tensor(_garbage(shape, dtype), SHARED_HBM, name=label)
+    execution.shared.append(tensor)
+    return tensor
+
+
+def zeros(shape, dtype, buffer=sbuf, name: str = None) -> Tensor:
+    """``nl.ndarray`` followed by a ``nisa.memset`` to 0 (one recorded instruction)."""
+    from . import isa
+
+    tensor = ndarray(shape, dtype, buffer=buffer, name=name)
+    if buffer in ON_CHIP:
+        isa.memset(tensor, 0)
+    else:
+        tensor.array[...] = 0
+    return tensor
