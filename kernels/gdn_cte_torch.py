@@ -15,7 +15,7 @@ source token on the partition axis, destination token on the free axis (see mask
 
 import torch
 
-from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, LEVEL_MASK, NUM_LEVELS, STRICT_UPPER, UPPER, build_mask_pack
+from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, LEVEL_MASK, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 
 NEUMANN_CHUNK = 64
 
@@ -25,18 +25,27 @@ def _mm(stationary, moving, dtype=torch.float32):
     return stationary.to(dtype).float().T @ moving.to(dtype).float()
 
 
-def chunk_gates(g):
+def chunk_gates(g, pack):
     """Gate tiles of one chunk.
 
     Args:
         g: ``[C]`` fp32 log decay of the chunk's tokens.
+        pack: the mask pack.
 
     Returns:
-        ``(G, decay_t)``: ``G = cumsum(g)`` ``[C]`` and ``decay_t[s, r] = exp(min(G_r - G_s, 0))``
-        ``[C, C]`` (correct where ``s <= r``, bounded by 1 elsewhere, never exp of a positive).
+        ``(G, decay_t)``: ``G = cumsum(g)`` ``[C]`` and ``decay_t[s, r] = exp(sum_{s<t<=r} g_t)``
+        ``[C, C]``, which is ``exp(G_r - G_s)`` for ``s <= r`` and 1 elsewhere (masked later).
+
+    Notes:
+        The exponent comes from one matmul, ``[t > s]^T @ (g_t [t <= r])``, whose terms are the
+        gates themselves: no difference of two large rounded cumsums (g down to -20 makes
+        ``|G|`` reach thousands, whose fp32 rounding would show in ``exp(G_r - G_s)``), and no
+        positive exponent for ``g <= 0``.
     """
-    G = torch.cumsum(g, 0)
-    return G, torch.exp(torch.clamp(G[None, :] - G[:, None], max=0.0))
+    c = g.shape[0]
+    upper, strict_lower = pack[UPPER, :c, :c], pack[STRICT_LOWER, :c, :c]
+    G = _mm(upper, g[:, None])[:, 0]
+    return G, torch.exp(_mm(strict_lower, upper * g[:, None]))
 
 
 def schur_inverse_t(e_t, beta, pack, first_level=0, t=None, t_t=None):
@@ -136,7 +145,7 @@ def gdn_cte_torch(query, key, value, g_log, beta, scale=1.0, algorithm="schur", 
                 rows = slice(c0, c0 + chunk)
                 q, k, v = query[b, h // ratio, rows], key[b, h // ratio, rows], value[b, h, rows]
                 gl, bt = g_log[b, h, rows].float(), beta[b, h, rows].float()
-                G, decay_t = chunk_gates(gl)
+                G, decay_t = chunk_gates(gl, pack)
                 e_t = _mm(k.T, k.T, cdt) * decay_t * strict
                 t_t = inverse_t(e_t, bt, pack)
                 u = _mm(t_t, bt[:, None] * v.float(), cdt)
@@ -145,7 +154,7 @@ def gdn_cte_torch(query, key, value, g_log, beta, scale=1.0, algorithm="schur", 
                 p_t = _mm(k.T, q.T, cdt) * decay_t * upper
                 o = torch.exp(G)[:, None] * _mm(q.T, state, cdt) + _mm(p_t, v_new)
                 out[b, h, rows] = (scale * o).to(cdt)
-                k_decay = torch.exp(G[-1] - G)[:, None] * k.float()
+                k_decay = decay_t[:, -1:] * k.float()
                 state = torch.exp(G[-1]) * state + _mm(k_decay, v_new)
             final[b, h] = state
     return out, final

@@ -13,6 +13,8 @@ Planes (index constants below):
   blocked Schur complement, the blocks ``R`` of ``[[P, 0], [R, Q]]`` (transposed).
 - ``STRICT_UPPER``: ``s < r`` (the strictly causal mask of ``A``, transposed).
 - ``UPPER``: ``s <= r`` (the causal mask of the output, transposed; also the cumsum matrix).
+- ``STRICT_LOWER``: ``s > r`` (with ``UPPER``, forms the in-chunk decay exponents
+  ``sum_{s < t <= r} g_t`` in one matmul, see ``gdn_cte_torch.chunk_gates``).
 - ``IDENTITY``.
 - ``BLOCK_DIAG_16``: ``s // 16 == r // 16`` (the neumann diagonal blocks).
 """
@@ -26,7 +28,8 @@ STRICT_UPPER = NUM_LEVELS
 UPPER = NUM_LEVELS + 1
 IDENTITY = NUM_LEVELS + 2
 BLOCK_DIAG_16 = NUM_LEVELS + 3
-N_MASKS = NUM_LEVELS + 4
+STRICT_LOWER = NUM_LEVELS + 4
+N_MASKS = NUM_LEVELS + 5
 NEUMANN_BLOCK = 16
 
 
@@ -52,4 +55,5 @@ def build_mask_pack(dtype=np.float32):
     planes.append(s <= r)
     planes.append(s == r)
     planes.append((s // NEUMANN_BLOCK) == (r // NEUMANN_BLOCK))
+    planes.append(s > r)
     return np.stack(planes).astype(dtype)

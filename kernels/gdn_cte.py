@@ -1,0 +1,281 @@
+"""``gdn_cte``: chunked Gated DeltaNet prefill (context encoding) as an NKI kernel.
+
+Math: ``/work/shared/docs/gdn-math.md`` sections 3-4; design: ``kernels/docs/gdn_cte.md``;
+torch mirror of the same steps: ``gdn_cte_torch.py``.
+
+Per value head ``h`` (key head ``h // (Hv // Hk)``) and chunk of ``C`` tokens, on chip:
+
+1. gates: ``G = cumsum(g)`` (a matmul with the causal ones mask), ``D^T[s, r] =
+   exp(sum_{s<t<=r} g_t)`` from one matmul of the gates themselves (never a difference of
+   large cumsums, never the exp of a positive number);
+2. ``E^T = (K K^T) * D^T`` strictly causal, ``P^T = (K Q^T) * D^T`` causal;
+3. ``T^T = ((I + diag(beta) E)^-1)^T``: "schur" (C = 128) runs the blocked Schur complement
+   level-major over ``group_size`` chunks; "neumann" (C = 64) Neumann products on the 16 x 16
+   diagonal blocks, then two Schur levels between them;
+4. ``U = T (beta V)``, ``W^T = (beta e^G K)^T T^T``;
+5. sequential over chunks: ``V' = U - W S``, ``O = scale (e^G Q S + P V')``,
+   ``S <- e^{G_C} S + (e^{G_C - G} K)^T V'``.
+
+The state ``S`` lives in SBUF (fp32) for the whole sequence; it is read from HBM once (when
+supplied) and written once.
+"""
+
+import numpy as np
+
+from . import tiles as tl
+from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
+                     check_positive_int, check_rank, check_same_dtype, check_shape)
+from .mask_pack import (BLOCK_DIAG_16, CHUNK, IDENTITY, LEVEL_MASK, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER,
+                        build_mask_pack)
+from .nki_compat import nki, nisa, nl
+
+ALGORITHMS = ("schur", "neumann")
+CHUNK_OF = {"schur": CHUNK, "neumann": 64}
+NEUMANN_FIRST_SCHUR_LEVEL = 4  # the 16 x 16 blocks come from Neumann products; levels 16, 32 remain
+MAX_HEAD_DIM = 128
+
+
+class _Chunk:
+    """The on-chip tiles of one chunk that outlive its preparation (see the module steps)."""
+
+    __slots__ = ("rows", "beta", "e_t", "p_t", "t", "t_t", "bv", "kb", "q_g_t", "k_decay", "state_decay",
+                 "u", "w_t")
+
+
+def _load_masks(mask_pack, chunk):
+    """The mask pack's top-left ``chunk x chunk`` corners as one SBUF tile ``[chunk, N_MASKS, chunk]``."""
+    masks = tl.sbuf((chunk, N_MASKS, chunk))
+    for plane in range(N_MASKS):
+        nisa.dma_copy(dst=masks[:, plane, :], src=mask_pack[plane, 0:chunk, 0:chunk])
+    return masks
+
+
+def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, ones, cdt):
+    """Load one chunk and form everything that needs neither the inverse nor the state."""
+    dk = query.shape[3]
+    ch = _Chunk()
+    ch.rows = nl.ds(c0, chunk)
+    q = tl.load(query[b, hk, ch.rows, :])
+    k = tl.load(key[b, hk, ch.rows, :])
+    v = tl.load(value[b, h, ch.rows, :])
+    g = tl.load(g_log[b, h, ch.rows].reshape((chunk, 1)))
+    ch.beta = tl.load(beta[b, h, ch.rows].reshape((chunk, 1)))
+    q_t, k_t = tl.transpose(q, cdt), tl.transpose(k, cdt)
+    upper = masks[:, UPPER, :]
+
+    g_up = tl.scalar(upper, nl.multiply, g)                                    # [t, r] g_t [t <= r]
+    decay_t = tl.activation(tl.matmul(masks[:, STRICT_LOWER, :], g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
+    g_cum = tl.copy(tl.matmul(upper, g))                                       # [C, 1]  G_s
+    g_rows = tl.copy(tl.matmul(ones, g_up))                                    # [C, C]  G_r on every row
+    ch.e_t = tl.binary(tl.matmul(k_t, k_t), tl.binary(decay_t, masks[:, STRICT_UPPER, :], nl.multiply),
+                       nl.multiply)
+    ch.p_t = tl.binary(tl.matmul(k_t, q_t), tl.binary(decay_t, upper, nl.multiply), nl.multiply)
+
+    e_g = tl.activation(g_cum, nl.exp)
+    ch.k_decay = tl.scalar(k, nl.multiply, decay_t[:, chunk - 1:chunk])       # e^{G_C - G_s} k_s
+    ch.kb = tl.scalar(k, nl.multiply, tl.binary(ch.beta, e_g, nl.multiply), dtype=cdt)
+    ch.bv = tl.scalar(v, nl.multiply, ch.beta, dtype=cdt)
+    ch.q_g_t = tl.binary(q_t, tl.activation(g_rows[0:dk, :], nl.exp), nl.multiply, dtype=cdt)
+    ch.state_decay = tl.activation(g_rows[0:dk, chunk - 1:chunk], nl.exp)     # [Dk, 1]  e^{G_C}
+    ch.t = ch.t_t = masks[:, IDENTITY, :]
+    return ch
+
+
+def _schur_levels(chunks, masks, first_level, chunk):
+    """Blocked Schur complement, level-major over ``chunks``: ``T <- T - T (A * M_j) T``.
+
+    Leaves ``T^T`` in ``ch.t_t``. ``Y = diag(beta) (E * M_j) T``; ``T Y`` and ``Y^T T^T``; the
+    last level skips ``T Y`` (only ``T^T`` is used afterwards).
+    """
+    last = int(np.log2(chunk)) - 1
+    for level in range(first_level, last + 1):
+        level_mask = masks[:, LEVEL_MASK[level], :]
+        for ch in chunks:
+            y = tl.scalar(tl.matmul(tl.binary(ch.e_t, level_mask, nl.multiply), ch.t), nl.multiply, ch.beta)
+            if level < last:
+                ch.t = tl.binary(ch.t, tl.matmul(ch.t_t, y), nl.subtract)
+            ch.t_t = tl.binary(ch.t_t, tl.matmul(y, ch.t_t), nl.subtract)
+    for ch in chunks:
+        ch.t = None
+
+
+def _neumann_blocks(ch, masks):
+    """``T`` and ``T^T`` on the 16 x 16 diagonal blocks: ``(I + N)(I + N^2)(I + N^4)(I + N^8)``, ``N = -A``."""
+    eye, block = masks[:, IDENTITY, :], masks[:, BLOCK_DIAG_16, :]
+    a = tl.scalar(tl.transpose(ch.e_t), nl.multiply, ch.beta)                  # A [r, s]
+    n = tl.scalar(tl.binary(a, block, nl.multiply), nl.multiply, -1.0)
+    n_t = tl.transpose(n)
+
+    def product(x_t, y):
+        """``(X Y, (X Y)^T)`` from ``X^T`` and ``Y``."""
+        return tl.copy(tl.matmul(x_t, y)), tl.copy(tl.matmul(y, x_t))
+
+    def plus_eye(x):
+        return tl.binary(eye, x, nl.add)
+
+    n2, n2_t = product(n_t, n)
+    n4, n4_t = product(n2_t, n2)
+    n8 = tl.copy(tl.matmul(n4_t, n4))
+    f, f_t = product(plus_eye(n_t), plus_eye(n2))
+    f, f_t = product(f_t, plus_eye(n4))
+    ch.t, ch.t_t = product(f_t, plus_eye(n8))
+
+
+def _finish_chunk(ch, cdt):
+    """``U = T (beta V)`` (fp32) and ``W^T`` (compute dtype) from ``T^T``."""
+    t_t = ch.t_t if cdt == nl.float32 else tl.copy(ch.t_t, cdt)
+    ch.u = tl.copy(tl.matmul(t_t, ch.bv))
+    ch.w_t = tl.copy(tl.matmul(ch.kb, t_t), cdt)
+    ch.t_t = ch.bv = ch.kb = None
+
+
+def _advance(ch, state, out_rows, scale, cdt):
+    """Output of one chunk and the next state. ``state`` None means zero (no load, no terms)."""
+    if state is None:
+        v_new = ch.u
+        o = tl.matmul(ch.p_t, v_new)
+    else:
+        s_c = state if cdt == nl.float32 else tl.copy(state, cdt)
+        v_new = tl.binary(ch.u, tl.matmul(ch.w_t, s_c), nl.subtract)
+        o = tl.matmul(ch.q_g_t, s_c)
+        tl.matmul_accumulate(o, ch.p_t, v_new)
+    tl.store(out_rows, tl.scalar(o, nl.multiply, scale, dtype=cdt))
+    update = tl.matmul(ch.k_decay, v_new)
+    if state is None:
+        return tl.copy(update)
+    return tl.binary(tl.scalar(state, nl.multiply, ch.state_decay), update, nl.add)
+
+
+@nki.jit
+def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=None, scale=1.0,
+                   algorithm="schur", group_size=8):
+    """The NKI kernel behind :func:`gdn_cte` (arguments already checked).
+
+    Returns:
+        ``(out, final_state)`` when ``recurrent_state`` is None; otherwise ``out`` only, the
+        final state having been written into ``recurrent_state`` in place.
+    """
+    b_size, hk_size, s_len, dk = query.shape
+    hv_size, dv = value.shape[1], value.shape[3]
+    ratio = hv_size // hk_size
+    cdt = query.dtype
+    chunk = CHUNK_OF[algorithm]
+    group = group_size if algorithm == "schur" else 1
+    n_chunks = s_len // chunk
+    out = nl.ndarray((b_size, hv_size, s_len, dv), dtype=cdt, buffer=nl.shared_hbm)
+    final = recurrent_state
+    if final is None:
+        final = nl.ndarray((b_size, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
+    masks = _load_masks(mask_pack, chunk)
+    ones = tl.filled((chunk, chunk), 1.0)
+    for b in range(b_size):
+        for h in range(hv_size):
+            state = None if recurrent_state is None else tl.load(recurrent_state[b, h])
+            for first in range(0, n_chunks, group):
+                chunks = [
+                    _prepare_chunk(query, key, value, g_log, beta, b, h, h // ratio, c * chunk, chunk, masks, ones,
+                                   cdt)
+                    for c in range(first, min(first + group, n_chunks))
+                ]
+                if algorithm == "schur":
+                    _schur_levels(chunks, masks, 0, chunk)
+                else:
+                    _neumann_blocks(chunks[0], masks)
+                    _schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
+                for ch in chunks:
+                    _finish_chunk(ch, cdt)
+                for ch in chunks:
+                    state = _advance(ch, state, out[b, h, ch.rows, :], scale, cdt)
+                chunks = None
+            tl.store(final[b, h], state)
+    if recurrent_state is None:
+        return out, final
+    return out
+
+
+def check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state):
+    """Raise ``ValueError`` (argument, expected, actual) for anything the kernel cannot run."""
+    check_choice("algorithm", algorithm, ALGORITHMS)
+    check_rank("query", query, 4, "[B, Hk, S, Dk]")
+    check_rank("key", key, 4, "[B, Hk, S, Dk]")
+    check_rank("value", value, 4, "[B, Hv, S, Dv]")
+    check_dtype("query", query, FLOAT_DTYPES)
+    check_same_dtype("key", key, "query", query)
+    check_same_dtype("value", value, "query", query)
+    b_size, hk, s_len, dq = query.shape
+    dk = key.shape[3]
+    if dq != dk:
+        raise ValueError(f"query and key must have the same head size (Dq == Dk), got Dq={dq}, Dk={dk}")
+    check_shape("key", key, (b_size, hk, s_len, dk), "[B, Hk, S, Dk]")
+    hv, dv = value.shape[1], value.shape[3]
+    check_shape("value", value, (b_size, hv, s_len, dv), "[B, Hv, S, Dv]")
+    check_at_most("Dk (key.shape[3])", dk, MAX_HEAD_DIM, "one partition tile")
+    check_at_most("Dv (value.shape[3])", dv, MAX_HEAD_DIM, "one partition tile")
+    if hv % hk:
+        raise ValueError(f"Hv (value.shape[1]) must be a multiple of Hk (key.shape[1]), got Hv={hv}, Hk={hk}")
+    check_multiple("S (query.shape[2])", s_len, CHUNK_OF[algorithm], f"the {algorithm} chunk")
+    for name, gate in (("g_log", g_log), ("beta", beta)):
+        check_shape(name, gate, (b_size, hv, s_len), "[B, Hv, S]")
+        check_dtype(name, gate, ("float32",))
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise ValueError(f"scale must be a Python float, got {scale!r}")
+    check_positive_int("group_size", group_size)
+    if mask_pack is not None:
+        check_shape("mask_pack", mask_pack, (N_MASKS, CHUNK, CHUNK), "[N_MASKS, CHUNK, CHUNK]")
+        check_dtype("mask_pack", mask_pack, ("float32",))
+    if algorithm == "neumann":
+        if hv != hk:
+            raise ValueError(f"algorithm='neumann' needs Hk == Hv, got Hk={hk}, Hv={hv}")
+        if recurrent_state is not None:
+            raise ValueError("algorithm='neumann' supports no incoming state: recurrent_state must be None")
+    if recurrent_state is not None:
+        check_shape("recurrent_state", recurrent_state, (b_size, hv, dk, dv), "[B, Hv, Dk, Dv]")
+        check_dtype("recurrent_state", recurrent_state, ("float32",))
+
+
+def default_mask_pack(like):
+    """``build_mask_pack()`` as the array kind of ``like`` (a torch tensor or a NumPy array)."""
+    pack = build_mask_pack()
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(pack)
+    return pack
+
+
+def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_pack=None, group_size=8,
+            recurrent_state=None):
+    """Chunked GDN prefill on the NKI kernel.
+
+    Dimensions:
+        B batch; Hk key/query heads; Hv value heads (a multiple of Hk); S tokens (a multiple
+        of 128 for "schur", of 64 for "neumann"); Dk (= Dq), Dv <= 128.
+
+    Args:
+        query, key: ``[B, Hk, S, Dk]``, L2-normalised, one dtype (fp32, bf16 or fp16) which
+            sets the compute dtype (matmul operands, q/k/v tiles, out).
+        value: ``[B, Hv, S, Dv]`` in the compute dtype.
+        g_log: ``[B, Hv, S]`` fp32 natural-log decay (<= 0).
+        beta: ``[B, Hv, S]`` fp32.
+        scale: output scale, applied on device.
+        algorithm: "schur" (default, chunk 128) or "neumann" (chunk 64); a trace-time constant.
+        mask_pack: ``[N_MASKS, 128, 128]`` fp32 from :func:`build_mask_pack`, or None to build one.
+        group_size: chunks inverted together, level-major ("schur").
+        recurrent_state: ``[B, Hv, Dk, Dv]`` fp32 initial state, updated in place and returned;
+            None starts from zero without a load ("neumann" supports only None).
+
+    Returns:
+        ``(out, final_state)``: ``[B, Hv, S, Dv]`` un-normalised in the compute dtype, and
+        ``[B, Hv, Dk, Dv]`` fp32 (``recurrent_state`` itself when supplied).
+
+    Raises:
+        ValueError: for any constraint above, naming the argument, before any work.
+    """
+    check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    if mask_pack is None:
+        mask_pack = default_mask_pack(query)
+    result = gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state, scale=float(scale),
+                            algorithm=algorithm, group_size=group_size)
+    if recurrent_state is None:
+        return result
+    return result, recurrent_state

@@ -1,0 +1,85 @@
+"""Small tile-level building blocks shared by the NKI kernels (plain functions, traced inline).
+
+Each helper allocates its destination tile, issues one NKI instruction (two for ``transpose``)
+and returns the tile, so a kernel reads as a sequence of named tile values. On-chip tiles are
+released when their last reference goes (see the interpreter's memory notes), so kernels
+rebind names rather than keep PSUM tiles alive.
+
+Conventions: ``[P, F]`` tiles, partition axis first; PSUM results are fp32; ``dtype`` is the
+destination dtype of an SBUF result (fp32 unless given).
+"""
+
+from .nki_compat import nisa, nl
+
+
+def sbuf(shape, dtype=nl.float32):
+    """A fresh SBUF tile of ``shape``."""
+    return nl.ndarray(tuple(shape), dtype=dtype, buffer=nl.sbuf)
+
+
+def load(src, dtype=None):
+    """DMA an HBM view ``src`` into a fresh SBUF tile (casting to ``dtype`` if given)."""
+    dst = sbuf(src.shape, src.dtype if dtype is None else dtype)
+    nisa.dma_copy(dst=dst, src=src)
+    return dst
+
+
+def store(dst, src):
+    """DMA the SBUF tile ``src`` to the HBM view ``dst``."""
+    nisa.dma_copy(dst=dst, src=src)
+
+
+def matmul(stationary, moving):
+    """``stationary[K, M]^T @ moving[K, N]`` into a fresh ``[M, N]`` fp32 PSUM tile (TensorE)."""
+    dst = nl.ndarray((stationary.shape[1], moving.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst, stationary, moving)
+    return dst
+
+
+def matmul_accumulate(dst, stationary, moving):
+    """Accumulate ``stationary^T @ moving`` into the PSUM tile ``dst`` that a matmul just wrote."""
+    nisa.nc_matmul(dst, stationary, moving)
+    return dst
+
+
+def copy(src, dtype=nl.float32):
+    """``src`` (SBUF or PSUM) copied into a fresh SBUF tile of ``dtype``."""
+    dst = sbuf(src.shape, dtype)
+    nisa.tensor_copy(dst=dst, src=src)
+    return dst
+
+
+def transpose(src, dtype=nl.float32):
+    """``src[P, F]^T`` as a fresh ``[F, P]`` SBUF tile (TensorE transpose through PSUM)."""
+    staged = nl.ndarray((src.shape[1], src.shape[0]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=staged, data=src)
+    return copy(staged, dtype)
+
+
+def binary(a, b, op, dtype=nl.float32):
+    """Elementwise ``a <op> b`` (VectorE); at most one operand in PSUM."""
+    dst = sbuf(a.shape, dtype)
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op)
+    return dst
+
+
+def scalar(data, op0, operand0, dtype=nl.float32, reverse0=False, op1=None, operand1=None):
+    """``(data <op0> operand0) <op1> operand1`` with scalar or ``[P, 1]`` column operands."""
+    dst = sbuf(data.shape, dtype)
+    nisa.tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, reverse0=reverse0,
+                       op1=op1, operand1=operand1)
+    return dst
+
+
+def activation(data, op, bias=None, scale=1.0, dtype=nl.float32):
+    """``op(data * scale + bias)`` (ScalarE); ``bias`` a ``[P, 1]`` column or None."""
+    dst = sbuf(data.shape, dtype)
+    nisa.activation(dst=dst, op=op, data=data, bias=bias, scale=scale)
+    return dst
+
+
+def filled(shape, value, dtype=nl.float32):
+    """A fresh SBUF tile of ``shape`` set to ``value``."""
+    dst = sbuf(shape, dtype)
+    nisa.memset(dst=dst, value=value)
+    return dst
