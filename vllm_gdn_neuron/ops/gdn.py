@@ -1,0 +1,142 @@
+"""Public Gated DeltaNet ops: chunked prefill, one-token decode, and GDN-2 prefill.
+
+Packed varlen layout: the tokens of all sequences end to end, sequence n spanning
+``cu_seqlens[n]:cu_seqlens[n + 1]``. States are float32, K-major ``[.., Dk, Dv]``
+(see shared/docs/gdn-math.md).
+"""
+
+import torch
+
+from .dispatch import select_backend
+from .validation import (
+    ACTIVATION_DTYPES,
+    check_choice,
+    check_cu_seqlens,
+    check_decay,
+    check_heads,
+    check_same_device,
+    check_state_indices,
+    check_tensor,
+    resolve_scale,
+)
+
+F32 = (torch.float32,)
+STATE_LAYOUTS = ("kv", "vk")
+
+
+def _check_qkv(q, k, v, rows_label):
+    """q, k ``[rows, Hk, Dk]``, v ``[rows, Hv, Dv]``, one activation dtype; returns the sizes."""
+    rows, num_k_heads, dim_k = check_tensor("q", q, ((rows_label, None), ("Hk", None), ("Dk", None)),
+                                            ACTIVATION_DTYPES)
+    check_tensor("k", k, ((rows_label, rows), ("Hk", num_k_heads), ("Dk", dim_k)), (q.dtype,))
+    _, num_v_heads, dim_v = check_tensor("v", v, ((rows_label, rows), ("Hv", None), ("Dv", None)), (q.dtype,))
+    check_heads(num_k_heads, num_v_heads)
+    return rows, num_k_heads, dim_k, num_v_heads, dim_v
+
+
+def gdn_prefill(q, k, v, g, beta, cu_seqlens, *, initial_state=None, scale=None, use_qk_l2norm=False,
+                backend="auto"):
+    """Gated DeltaNet over packed prompts (chunked).
+
+    Dimensions:
+        T: packed tokens, N: sequences, Hk / Hv: query-key / value heads, Dk / Dv: head sizes.
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` float32 or bfloat16.
+        v: ``[T, Hv, Dv]``, q's dtype; ``Hv % Hk == 0``.
+        g: ``[T, Hv]`` float32 natural-log decay, <= 0.
+        beta: ``[T, Hv]`` float32.
+        cu_seqlens: ``[N + 1]`` int32 or int64 sequence boundaries.
+        initial_state: ``[N, Hv, Dk, Dv]`` float32, or None for zeros.
+        scale: output scale, None for ``Dk ** -0.5``.
+        use_qk_l2norm: L2-normalise q and k per head (float32) first.
+        backend: ``"auto"``, ``"torch"`` or ``"nki"``.
+
+    Returns:
+        ``(o, final_state)``: ``[T, Hv, Dv]`` in q's dtype, ``[N, Hv, Dk, Dv]`` float32.
+    """
+    tokens, _, dim_k, num_v_heads, dim_v = _check_qkv(q, k, v, "T")
+    check_tensor("g", g, (("T", tokens), ("Hv", num_v_heads)), F32)
+    check_tensor("beta", beta, (("T", tokens), ("Hv", num_v_heads)), F32)
+    bounds = check_cu_seqlens(cu_seqlens, tokens)
+    if initial_state is not None:
+        check_tensor("initial_state", initial_state,
+                     (("N", bounds.numel() - 1), ("Hv", num_v_heads), ("Dk", dim_k), ("Dv", dim_v)), F32)
+    device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    scale = resolve_scale(scale, dim_k)
+    check_decay("g", g)
+    module = select_backend(backend, "gdn_prefill", device)
+    return module.gdn_prefill(q, k, v, g, beta, bounds, initial_state, scale, bool(use_qk_l2norm))
+
+
+def gdn_decode(q, k, v, g, beta, state, state_indices, *, scale=None, use_qk_l2norm=False, backend="auto"):
+    """One Gated DeltaNet step for N sequences, advancing their cache rows in place.
+
+    Args:
+        q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
+        v: ``[N, Hv, Dv]``, q's dtype.
+        g, beta: ``[N, Hv]`` float32 (g <= 0).
+        state: ``[num_slots, Hv, Dk, Dv]`` float32; rows ``state_indices`` are updated in place.
+        state_indices: ``[N]`` int32 or int64 distinct slots; ``-1`` (vLLM's PAD_SLOT_ID) marks
+            a padded row: its output is zeros and no state row is touched.
+        scale, use_qk_l2norm, backend: as in ``gdn_prefill``.
+
+    Returns:
+        ``o``: ``[N, Hv, Dv]`` in q's dtype.
+    """
+    rows, _, dim_k, num_v_heads, dim_v = _check_qkv(q, k, v, "N")
+    check_tensor("g", g, (("N", rows), ("Hv", num_v_heads)), F32)
+    check_tensor("beta", beta, (("N", rows), ("Hv", num_v_heads)), F32)
+    check_tensor("state", state, (("num_slots", None), ("Hv", num_v_heads), ("Dk", dim_k), ("Dv", dim_v)), F32)
+    device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, state=state)
+    indices, keep = check_state_indices(state_indices, rows, state.shape[0], device)
+    scale = resolve_scale(scale, dim_k)
+    check_decay("g", g)
+    module = select_backend(backend, "gdn_decode", device)
+    if keep is None:
+        return module.gdn_decode(q, k, v, g, beta, state, indices, scale, bool(use_qk_l2norm))
+    o = torch.zeros(rows, num_v_heads, dim_v, dtype=q.dtype, device=device)
+    o[keep] = module.gdn_decode(q[keep], k[keep], v[keep], g[keep], beta[keep], state, indices[keep], scale,
+                                bool(use_qk_l2norm))
+    return o
+
+
+def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, *, initial_state=None, scale=None, use_qk_l2norm=False,
+                 state_layout="kv", backend="auto"):
+    """GDN-2 (channel-wise gates) over packed prompts (chunked).
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` float32 or bfloat16.
+        v: ``[T, Hv, Dv]``, q's dtype.
+        g: ``[T, Hv, Dk]`` float32 natural-log decay per key channel, <= 0.
+        beta: ``[T, Hv, Dk]`` float32 write strength per key channel.
+        w: ``[T, Hv, Dv]`` float32 value weight per value channel, or None for ones.
+        cu_seqlens: ``[N + 1]`` int32 or int64 sequence boundaries.
+        initial_state: float32 ``[N, Hv, Dk, Dv]`` (``state_layout="kv"``) or ``[N, Hv, Dv, Dk]``
+            (``"vk"``, flashinfer's), or None for zeros.
+        scale, use_qk_l2norm, backend: as in ``gdn_prefill``.
+        state_layout: ``"kv"`` or ``"vk"``, for the initial and the final state alike.
+
+    Returns:
+        ``(o, final_state)``: ``[T, Hv, Dv]`` in q's dtype, final state float32 in ``state_layout``.
+    """
+    tokens, _, dim_k, num_v_heads, dim_v = _check_qkv(q, k, v, "T")
+    check_tensor("g", g, (("T", tokens), ("Hv", num_v_heads), ("Dk", dim_k)), F32)
+    check_tensor("beta", beta, (("T", tokens), ("Hv", num_v_heads), ("Dk", dim_k)), F32)
+    if w is not None:
+        check_tensor("w", w, (("T", tokens), ("Hv", num_v_heads), ("Dv", dim_v)), F32)
+    bounds = check_cu_seqlens(cu_seqlens, tokens)
+    check_choice("state_layout", state_layout, STATE_LAYOUTS)
+    if initial_state is not None:
+        inner = (("Dk", dim_k), ("Dv", dim_v)) if state_layout == "kv" else (("Dv", dim_v), ("Dk", dim_k))
+        check_tensor("initial_state", initial_state, (("N", bounds.numel() - 1), ("Hv", num_v_heads)) + inner, F32)
+        if state_layout == "vk":
+            initial_state = initial_state.transpose(-1, -2)
+    device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, w=w, initial_state=initial_state)
+    scale = resolve_scale(scale, dim_k)
+    check_decay("g", g)
+    module = select_backend(backend, "gdn2_prefill", device)
+    o, final_state = module.gdn2_prefill(q, k, v, g, beta, w, bounds, initial_state, scale, bool(use_qk_l2norm))
+    if state_layout == "vk":
+        final_state = final_state.transpose(-1, -2).contiguous()
+    return o, final_state
