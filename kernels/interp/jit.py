@@ -116,7 +116,7 @@ class Kernel:
             raise ValueError(f"nki.jit: grid must be an int or a tuple of ints, got {grid!r}") from None
         if not grid or min(grid) < 1:
             raise ValueError(f"nki.jit: grid sizes must be >= 1, got {grid}")
-        return functools.partial(self._launch, grid)
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
         if _runtime.is_running():

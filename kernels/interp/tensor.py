@@ -136,8 +136,9 @@ class Tensor:
     def __getitem__(self, key):
         if not isinstance(key, tuple):
             key = (key,)
-        if Ellipsis in key:
-            at = key.index(Ellipsis)
+        ellipses = [i for i, k in enumerate(key) if k is Ellipsis]
+        if ellipses:
+            at = ellipses[0]
             fill = self.ndim - (len(key) - 1)
             key = key[:at] + (slice(None),) * fill + key[at + 1:]
         normalised = []
