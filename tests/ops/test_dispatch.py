@@ -1,0 +1,84 @@
+"""Backend choice: auto, the VLLM_GDN_BACKEND override, Neuron detection, refusals."""
+
+import types
+
+import pytest
+import torch
+from ops_testing import make_gdn_inputs
+
+from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops import dispatch
+from vllm_gdn_neuron.ops.backends import torch as torch_backend
+
+CPU, XLA = torch.device("cpu"), torch.device("xla")
+
+
+def _fake_nki(available=True, ops_implemented=("gdn_prefill",)):
+    calls = []
+
+    def record(name):
+        def op(*args):
+            calls.append(name)
+            return getattr(torch_backend, name)(*args)
+        return op
+
+    module = types.SimpleNamespace(is_available=lambda: available, calls=calls)
+    for name in ops_implemented:
+        setattr(module, name, record(name))
+    return module
+
+
+@pytest.fixture
+def fake_nki(monkeypatch):
+    """Install a stand-in ``nki`` backend (delegating to torch and recording calls)."""
+    def install(**kwargs):
+        module = _fake_nki(**kwargs)
+        real = dispatch.load_backend
+        monkeypatch.setattr(dispatch, "load_backend", lambda name: module if name == "nki" else real(name))
+        return module
+    return install
+
+
+def test_auto_on_cpu_is_torch(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
+
+
+@pytest.mark.parametrize("available, implemented, expected", [
+    (True, ("gdn_prefill",), "nki"),
+    (False, ("gdn_prefill",), "torch"),
+    (True, ("gdn_decode",), "torch"),   # auto falls back for an op the backend lacks
+])
+def test_auto_on_a_neuron_device_prefers_nki(monkeypatch, fake_nki, available, implemented, expected):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    module = fake_nki(available=available, ops_implemented=implemented)
+    chosen = dispatch.select_backend("auto", "gdn_prefill", XLA)
+    assert chosen is (module if expected == "nki" else torch_backend)
+
+
+def test_env_override_routes_the_op(monkeypatch, fake_nki):
+    module = fake_nki()
+    monkeypatch.setenv(dispatch.ENV_VAR, "nki")
+    x = make_gdn_inputs([3], 1, 1, 4, 4)
+    ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"])
+    assert module.calls == ["gdn_prefill"]
+    # An explicit backend argument wins over the environment.
+    ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"], backend="torch")
+    assert module.calls == ["gdn_prefill"]
+
+
+def test_env_override_with_an_unknown_name_is_refused(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    with pytest.raises(ValueError, match="VLLM_GDN_BACKEND: expected one of .*'torch'.*got 'triton'"):
+        dispatch.select_backend("auto", "gdn_prefill", CPU)
+
+
+def test_explicit_backend_lacking_the_op_is_refused(fake_nki):
+    fake_nki(ops_implemented=("gdn_prefill",))
+    with pytest.raises(ValueError, match="backend: backend 'nki' does not implement conv1d_decode"):
+        dispatch.select_backend("nki", "conv1d_decode", CPU)
+
+
+def test_a_backend_module_that_cannot_be_imported_is_refused():
+    with pytest.raises(ValueError, match="backend: 'no_such_backend' is not available"):
+        dispatch.load_backend("no_such_backend")
