@@ -83,3 +83,18 @@ def filled(shape, value, dtype=nl.float32):
     dst = sbuf(shape, dtype)
     nisa.memset(dst=dst, value=value)
     return dst
+
+
+def scalar_tensor(data, op0, operand0, op1, operand1, dtype=nl.float32):
+    """``(data <op0> operand0) <op1> operand1`` (VectorE): operand0 scalar or ``[P, 1]``, operand1 a tile."""
+    dst = sbuf(data.shape, dtype)
+    nisa.scalar_tensor_tensor(dst=dst, data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1)
+    return dst
+
+
+def reduce(data, op, axis, dtype=nl.float32):
+    """``data`` reduced with ``op`` over free ``axis``, the axis kept as size 1 (VectorE)."""
+    shape = tuple(1 if i == axis else n for i, n in enumerate(data.shape))
+    dst = sbuf(shape, dtype)
+    nisa.tensor_reduce(dst=dst, op=op, data=data, axis=axis, keepdims=True)
+    return dst
