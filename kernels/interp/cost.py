@@ -18,14 +18,19 @@ Model. Each instruction is charged an engine occupancy from :class:`Trn2Spec`:
   (a tile using fewer than 128 partitions leaves lanes idle).
 * DMA: ``sum over descriptors of max(descriptor bytes, dma_min_descriptor_bytes)`` at the
   per-core HBM share, plus a fixed completion latency (pipelined: it delays dependants, not
-  the queue).
+  other transfers).
 
-Engines are in-order queues running in parallel; an instruction starts when its engine is
-free and every earlier instruction it depends on (read-after-write, write-after-read,
-write-after-write on overlapping element ranges of the same tensor) has completed. The
-modeled time is the completion of the last instruction. A model, not a measurement.
+Compute engines are in-order queues running in parallel; an instruction starts when its
+engine is free and every earlier instruction it depends on (read-after-write,
+write-after-read, write-after-write on overlapping element ranges of the same tensor) has
+completed. DMA transfers share the core's HBM bandwidth but are not in order (trn2 spreads
+them over 16 DMA queues per core): a transfer fills the gaps of the bandwidth timeline
+after its dependencies complete (split across gaps if needed, as concurrent queues share
+bandwidth). The modeled time is the completion of the last
+instruction. A model, not a measurement.
 """
 
+import bisect
 import contextlib
 import dataclasses
 
@@ -119,6 +124,55 @@ class _Regions:
             self.entries[uid] = [e for e in entries if not (lo <= e[0] and e[1] <= hi and e[2] <= done)]
 
 
+class _Timeline:
+    """Busy intervals of the shared DMA bandwidth.
+
+    A transfer fills the gaps after its ready time, split across them if need be (transfers
+    on different DMA queues share the bandwidth), so it spans ``start .. end`` with exactly
+    ``length`` seconds of bandwidth inside.
+    """
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self):
+        self.starts = []
+        self.ends = []
+
+    def place(self, ready: float, length: float) -> tuple:
+        """Reserve ``length`` seconds of bandwidth from ``ready`` on; returns ``(start, end)``."""
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(ends, ready)
+        t, left, first = ready, length, None
+        pieces = []
+        while left > 0:
+            gap_end = starts[i] if i < len(starts) else float("inf")
+            if t < gap_end:
+                take = min(left, gap_end - t)
+                pieces.append((t, t + take))
+                first = t if first is None else first
+                left -= take
+                t += take
+            if left > 0:
+                t = max(t, ends[i])
+                i += 1
+        for lo, hi in pieces:
+            self._insert(lo, hi)
+        return first if first is not None else ready, t
+
+    def _insert(self, lo: float, hi: float) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_left(starts, lo)
+        if i > 0 and ends[i - 1] >= lo:  # touches the previous interval: extend it
+            i -= 1
+            ends[i] = max(ends[i], hi)
+        else:
+            starts.insert(i, lo)
+            ends.insert(i, hi)
+        while i + 1 < len(starts) and starts[i + 1] <= ends[i]:  # swallow the ones it now reaches
+            ends[i] = max(ends[i], ends.pop(i + 1))
+            starts.pop(i + 1)
+
+
 class Recorder:
     """Collects and schedules the instructions of every launch inside ``cost.record()``."""
 
@@ -137,19 +191,24 @@ class Recorder:
         self.launches = []
         self._reads = _Regions()
         self._writes = _Regions()
+        self._dma = _Timeline()
 
     def add(self, engine, op, dst, inputs, program_id, work) -> None:
         """Schedule one instruction writing ``dst`` and reading ``inputs``."""
         occupancy, latency = self.spec.occupancy(engine, work)
         reads = [t.extent() for t in inputs]
         write = dst.extent()
-        start = self.engine_free[engine]
+        ready = self._writes.ready(*write)
         for uid, lo, hi in reads:
-            start = max(start, self._writes.ready(uid, lo, hi))
-        start = max(start, self._writes.ready(*write), self._reads.ready(*write))
-        end = start + occupancy
+            ready = max(ready, self._writes.ready(uid, lo, hi))
+        ready = max(ready, self._reads.ready(*write))
+        if engine == "dma":
+            start, end = self._dma.place(ready, occupancy)
+        else:
+            start = max(ready, self.engine_free[engine])
+            end = start + occupancy
+            self.engine_free[engine] = end
         done = end + latency
-        self.engine_free[engine] = end
         self.busy[engine] += occupancy
         for uid, lo, hi in reads:
             self._reads.add(uid, lo, hi, done)
@@ -247,7 +306,7 @@ class CostReport:
                          f"({self.engine_busy_share[engine] * 100:5.1f} % of modeled time)")
         for op, (count, busy) in sorted(self.per_op.items(), key=lambda item: -item[1][1]):
             lines.append(f"modeled {op:<20} {count:7d} x  {busy * us:12.2f} us busy")
-        lines.append(f"peak SBUF {self.sbuf_peak_bytes / 1024:.1f} KiB / partition, "
+        lines.append(f"modeled peak SBUF {self.sbuf_peak_bytes / 1024:.1f} KiB / partition, "
                      f"peak PSUM {self.psum_peak_bytes / 1024:.1f} KiB / partition")
         return "\n".join(lines)
 

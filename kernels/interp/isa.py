@@ -146,12 +146,12 @@ def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
     if accumulate is True and not written.all():
         raise refuse(op, "dst", "accumulate=True onto PSUM elements not last written by nc_matmul "
                                 "(undefined on NeuronCore-v3: open each accumulation group with accumulate=False)")
-    result = _read(stationary).reshape(k, m).T @ _read(moving).reshape(k, n)
-    result = result.reshape(dst.shape)
-    if accumulate is True:
-        result = result + dst.array
-    elif accumulate is None and written.any():
-        result = np.where(written, result + dst.array, result)
+    with np.errstate(all="ignore"):
+        result = (_read(stationary).reshape(k, m).T @ _read(moving).reshape(k, n)).reshape(dst.shape)
+        if accumulate is True:
+            result = result + dst.array
+        elif accumulate is None and written.any():
+            result = np.where(written, result + dst.array, result)
     _store(dst, result, by_matmul=True)
     fp32 = stationary.dtype == _dtypes.float32 or moving.dtype == _dtypes.float32
     _record(execution, "tensor", "nc_matmul", dst, (stationary, moving), macs=k * m * n, columns=n, fp32=fp32)
