@@ -1,0 +1,202 @@
+"""Build tiny random-weight Qwen3.5 / Qwen3-Next checkpoints with a locally trained tokenizer.
+
+    python configs/build_tiny_models.py                 # all models into configs/tiny-models/
+    python configs/build_tiny_models.py --only qwen3_5-dense --out /tmp/models
+
+Each model is a Hugging Face checkpoint folder (config.json, sharded bf16 safetensors,
+tokenizer with a ChatML chat template), built by transformers' own model classes so
+the checkpoint names and layouts are the real ones:
+
+| name | architecture | what it covers |
+|---|---|---|
+| qwen3_5-dense | Qwen3_5ForCausalLM | dense MLP, tied embeddings, GDN GQA 2:4, Dk != Dv |
+| qwen3_5-moe | Qwen3_5MoeForCausalLM | routed experts + shared expert, untied lm_head |
+| qwen3-next | Qwen3NextForCausalLM | packed per-key-head in_proj_qkvz / in_proj_ba, MoE every 2nd layer |
+| qwen3_5-vl | Qwen3_5ForConditionalGeneration | text under model.language_model., a vision tower to skip |
+
+``initializer_range`` is large (0.08) so greedy logits are decisive: near-flat logits
+let bf16 rounding flip ties between equally correct implementations.
+"""
+
+import argparse
+import json
+import pathlib
+import random
+import shutil
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "configs" / "tiny-models"
+MODELS = ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl")
+DEFAULT_MODEL = "qwen3_5-dense"
+
+VOCAB_SIZE = 512
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_WORDS = (
+    "the a state gate delta rule chunk token head key value query decay kernel cache slot "
+    "prefill decode batch neuron tile matrix vector sum norm scale shift window conv layer "
+    "model serve engine request stream reply fast correct boring deploy every last one two "
+    "three four five six seven eight nine ten red green blue small large quiet loud river "
+    "mountain city road house tree cloud rain sun moon star light dark warm cold"
+).split()
+
+_COMMON = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=4096,
+    initializer_range=0.08,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
+
+
+def corpus(num_lines: int = 400, seed: int = 0) -> list[str]:
+    """A few KB of word salad to train the tokenizer on (deterministic)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + "." for _ in range(num_lines)]
+
+
+def build_tokenizer():
+    """A byte-level BPE of VOCAB_SIZE tokens with ChatML special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _text_kwargs(tokenizer, **extra) -> dict:
+    kwargs = dict(_COMMON, vocab_size=VOCAB_SIZE, **extra)
+    kwargs.update(
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    return kwargs
+
+
+def build_model(name: str, tokenizer):
+    """A transformers model instance of the named tiny checkpoint, random weights."""
+    import transformers as tf
+
+    if name == "qwen3_5-dense":
+        config = tf.Qwen3_5TextConfig(**_text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True))
+        return tf.Qwen3_5ForCausalLM(config)
+    if name == "qwen3_5-moe":
+        config = tf.Qwen3_5MoeTextConfig(
+            **_text_kwargs(
+                tokenizer,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=64,
+                tie_word_embeddings=False,
+            )
+        )
+        return tf.Qwen3_5MoeForCausalLM(config)
+    if name == "qwen3-next":
+        config = tf.Qwen3NextConfig(
+            **_text_kwargs(
+                tokenizer,
+                intermediate_size=128,
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=64,
+                decoder_sparse_step=2,
+                mlp_only_layers=[],
+                tie_word_embeddings=False,
+            )
+        )
+        return tf.Qwen3NextForCausalLM(config)
+    if name == "qwen3_5-vl":
+        text = _text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True)
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=8)
+        config = tf.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
+        return tf.Qwen3_5ForConditionalGeneration(config)
+    raise ValueError(f"name must be one of {list(MODELS)}; got {name!r}")
+
+
+ROUTER_GAIN = 4.0
+
+
+def sharpen_router(model) -> None:
+    """Scale the MoE router weights by ROUTER_GAIN so top-k choices are not near-ties.
+
+    With near-equal router logits, bf16 rounding picks different experts in different
+    (equally correct) implementations, and greedy ids then part ways.
+    """
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".mlp.gate.weight"):
+                param.mul_(ROUTER_GAIN)
+
+
+def build(name: str, out_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
+    """Build one tiny checkpoint into ``out_dir / name`` (written whole, then renamed into place)."""
+    import torch
+
+    if name not in MODELS:
+        raise ValueError(f"name must be one of {list(MODELS)}; got {name!r}")
+    target = out_dir / name
+    staging = out_dir / f".{name}.partial"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    model = build_model(name, tokenizer)
+    sharpen_router(model)
+    model = model.to(torch.bfloat16)
+    # Small shards so the loader is exercised on a multi-file checkpoint.
+    model.save_pretrained(staging, max_shard_size="200KB")
+    tokenizer.save_pretrained(staging)
+    (staging / "tiny-model.json").write_text(json.dumps({"name": name, "seed": seed}) + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="folder to build into")
+    parser.add_argument("--only", choices=MODELS, action="append", help="build only these (repeatable)")
+    parser.add_argument("--if-missing", action="store_true", help="skip models whose folder already exists")
+    args = parser.parse_args(argv)
+    for name in args.only or MODELS:
+        if args.if_missing and (args.out / name / "config.json").exists():
+            continue
+        print(f"[tiny-models] {name} -> {build(name, args.out)}")
+
+
+if __name__ == "__main__":
+    main()

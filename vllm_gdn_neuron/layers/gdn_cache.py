@@ -1,0 +1,84 @@
+"""Shapes, dtypes and start-up checks of the GatedDeltaNet states in vLLM's mamba cache.
+
+One cache slot per sequence holds two states (see ``shared/docs/gdn-math.md``):
+
+- the conv state ``[C, K]``: the last K raw (pre-conv) inputs of the q|k|v channels,
+  ``C = (2 * Hk * Dk + Hv * Dv) / tp``, K = ``linear_conv_kernel_dim``;
+- the recurrent state ``[Hv / tp, Dk, Dv]`` (K-major), float32 unless the user asks
+  for another dtype with ``--mamba-ssm-cache-dtype`` (or the checkpoint's
+  ``mamba_ssm_dtype``).
+
+The model classes and the layer both read these functions, so the page size vLLM
+plans from the config and the views the layer gets always agree.
+"""
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SUPPORTED_SSM_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def gdn_state_shapes(text_config, tp_size: int) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """The per-slot ``(conv_state, recurrent_state)`` shapes on one tensor-parallel rank.
+
+    Args:
+        text_config: the Hugging Face text config (``linear_*`` fields).
+        tp_size: tensor-parallel world size; must divide both head counts.
+
+    Returns:
+        ``((C, K), (Hv_local, Dk, Dv))``.
+    """
+    hk, hv = text_config.linear_num_key_heads, text_config.linear_num_value_heads
+    dk, dv = text_config.linear_key_head_dim, text_config.linear_value_head_dim
+    channels = (2 * hk * dk + hv * dv) // tp_size
+    return (channels, text_config.linear_conv_kernel_dim), (hv // tp_size, dk, dv)
+
+
+def gdn_state_dtypes(
+    model_dtype: torch.dtype, mamba_cache_dtype: str, mamba_ssm_cache_dtype: str
+) -> tuple[torch.dtype, torch.dtype]:
+    """The ``(conv_state, recurrent_state)`` dtypes.
+
+    Args:
+        model_dtype: the activation dtype; the conv state follows it unless
+            ``mamba_cache_dtype`` names another.
+        mamba_cache_dtype: vLLM's ``--mamba-cache-dtype`` ("auto" or a dtype name).
+        mamba_ssm_cache_dtype: vLLM's ``--mamba-ssm-cache-dtype``; "auto" means float32.
+    """
+    conv = model_dtype if mamba_cache_dtype == "auto" else _DTYPES[mamba_cache_dtype]
+    ssm = torch.float32 if mamba_ssm_cache_dtype == "auto" else _DTYPES[mamba_ssm_cache_dtype]
+    return conv, ssm
+
+
+def check_gdn_config(text_config, tp_size: int, num_speculative_tokens: int, mamba_ssm_cache_dtype: str) -> None:
+    """Refuse, at start-up, a configuration the GatedDeltaNet layer cannot serve.
+
+    Raises:
+        ValueError: naming the setting, what is supported and what was given.
+    """
+    hk, hv = text_config.linear_num_key_heads, text_config.linear_num_value_heads
+    if hk <= 0 or hv % hk != 0:
+        raise ValueError(
+            f"linear_num_value_heads must be a positive multiple of linear_num_key_heads "
+            f"(grouped value heads); got linear_num_value_heads={hv}, linear_num_key_heads={hk}"
+        )
+    if hk % tp_size != 0:
+        raise ValueError(
+            f"tensor_parallel_size must divide linear_num_key_heads={hk} (and "
+            f"linear_num_value_heads={hv}); got tensor_parallel_size={tp_size}"
+        )
+    if text_config.linear_conv_kernel_dim < 1:
+        raise ValueError(
+            f"linear_conv_kernel_dim must be >= 1; got {text_config.linear_conv_kernel_dim}"
+        )
+    if text_config.hidden_act != "silu":
+        raise ValueError(f"hidden_act must be 'silu' for the GatedDeltaNet conv; got {text_config.hidden_act!r}")
+    if num_speculative_tokens:
+        raise ValueError(
+            "speculative decoding is not supported by the vllm-gdn-neuron GatedDeltaNet layer "
+            f"(num_speculative_tokens must be 0); got num_speculative_tokens={num_speculative_tokens}"
+        )
+    if mamba_ssm_cache_dtype not in _SUPPORTED_SSM_DTYPES:
+        raise ValueError(
+            f"mamba_ssm_cache_dtype must be one of {_SUPPORTED_SSM_DTYPES}; got {mamba_ssm_cache_dtype!r}"
+        )

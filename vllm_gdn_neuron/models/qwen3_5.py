@@ -1,0 +1,251 @@
+"""Qwen3.5 (dense and MoE) and Qwen3-Next hybrid decoders for vLLM.
+
+Every layer is a token mixer (GatedDeltaNet for ``linear_attention`` layers, gated
+full attention for ``full_attention`` layers, per ``config.layer_types``) followed by
+a feed-forward block (dense SwiGLU, or the routed experts + shared expert on the
+layers the config marks sparse), each behind a zero-centred RMSNorm with the
+residual added in the norm:
+
+```
+x = embed(ids)
+for layer:  h, r = norm_in(x, r); h = mixer(h); h, r = norm_post(h, r); x = ffn(h)
+logits = lm_head(norm(x, r))          # lm_head is embed_tokens when the config ties them
+```
+
+The model classes differ only in how the checkpoint is laid out (see ``weights.py``).
+"""
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.sequence import IntermediateTensors
+
+from vllm_gdn_neuron.layers.gated_deltanet import GatedDeltaNet
+from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.models.attention import GatedAttention
+from vllm_gdn_neuron.models.mlp import SparseMoE, SwiGLUMLP
+from vllm_gdn_neuron.models.weights import plan_loads
+
+# Under the "vllm" logger so vLLM's log configuration prints it.
+logger = init_logger(f"vllm.plugins.{__name__}")
+
+# Checkpoint name prefixes: renamed (vision-language checkpoints keep the text
+# decoder under ``model.language_model.``) or skipped (multi-token-prediction heads,
+# used only by a speculative draft model; the vision tower, not served here).
+_RENAMED_PREFIXES = (("model.language_model.", "model."),)
+_MTP_PREFIX = "mtp."
+_VISION_PREFIXES = ("model.visual.", "visual.")
+
+
+def is_sparse_layer(config, layer_idx: int) -> bool:
+    """Whether layer ``layer_idx`` uses the MoE block (Qwen3-Next / Qwen3.5-MoE rule)."""
+    return (
+        getattr(config, "num_experts", 0) > 0
+        and layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
+        and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0
+    )
+
+
+class HybridDecoderLayer(nn.Module):
+    """One Qwen3.5 block: token mixer + feed-forward, pre-norm, fused residual adds."""
+
+    def __init__(self, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_text_config
+        self.layer_type = config.layer_types[layer_idx]
+        if self.layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config, vllm_config, prefix=f"{prefix}.linear_attn")
+        elif self.layer_type == "full_attention":
+            self.self_attn = GatedAttention(config, vllm_config.cache_config, prefix=f"{prefix}.self_attn")
+        else:
+            raise ValueError(
+                f"layer_types[{layer_idx}] must be 'linear_attention' or 'full_attention'; got {self.layer_type!r}"
+            )
+        if is_sparse_layer(config, layer_idx):
+            self.mlp = SparseMoE(config, prefix=f"{prefix}.mlp")
+        else:
+            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, prefix=f"{prefix}.mlp")
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, H] hidden states and residual in, the same out (residual not yet added)."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        if self.layer_type == "linear_attention":
+            hidden_states = self.linear_attn(hidden_states)
+        else:
+            hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class HybridModel(nn.Module):
+    """Embeddings, the decoder layers and the final norm (``model.*`` in the checkpoint)."""
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str) -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_text_config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            HybridDecoderLayer(vllm_config, idx, prefix=f"{prefix}.layers.{idx}")
+            for idx in range(config.num_hidden_layers)
+        )
+        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor | None, positions: torch.Tensor, inputs_embeds: torch.Tensor | None
+    ) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+def _copy_whole_state(
+    state: torch.Tensor, block_ids: list[int], cur_block_idx: int, num_accepted_tokens: int
+) -> MambaCopySpec:
+    """Copy one cache slot's state whole (prefix caching in mamba ``align`` mode).
+
+    Without speculative decoding (which the plugin refuses) exactly one token is
+    accepted per step, so the state to carry is the whole slot of the current block,
+    whatever its layout (the conv state here is ``[C, K]``, K wide).
+    """
+    if num_accepted_tokens != 1:
+        raise ValueError(f"num_accepted_tokens must be 1 (no speculative decoding); got {num_accepted_tokens}")
+    source = state[block_ids[cur_block_idx]]
+    return MambaCopySpec(start_addr=source.data_ptr(), num_elements=source.numel())
+
+
+class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
+    """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
+
+    The same class serves the MoE variant (sparse layers come from the config) and,
+    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        self.config = vllm_config.model_config.hf_text_config
+        self.model = HybridModel(vllm_config, prefix="model")
+        self.tie_word_embeddings = bool(getattr(vllm_config.model_config.hf_config, "tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, prefix="lm_head")
+        if self.tie_word_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(self.config.vocab_size)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        """[T] token ids (or [T, H] embeddings) and [T] positions -> [T, H] final hidden states."""
+        return self.model(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    # --- the mamba-style cache (IsHybrid) -------------------------------------------------
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        return gdn_state_shapes(
+            vllm_config.model_config.hf_text_config, vllm_config.parallel_config.tensor_parallel_size
+        )
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        cache = vllm_config.cache_config
+        return gdn_state_dtypes(vllm_config.model_config.dtype, cache.mamba_cache_dtype, cache.mamba_ssm_cache_dtype)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return (_copy_whole_state, _copy_whole_state)
+
+    # --- weights --------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load Hugging Face checkpoint tensors (either GDN layout, sharded or not).
+
+        Returns:
+            The names of the parameters that were written.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        skipped_vision = 0
+        for name, tensor in weights:
+            if name.startswith(_MTP_PREFIX):
+                continue
+            if name.startswith(_VISION_PREFIXES):
+                skipped_vision += 1
+                continue
+            for old, new in _RENAMED_PREFIXES:
+                if name.startswith(old):
+                    name = new + name[len(old):]
+            if self.tie_word_embeddings and name.startswith("lm_head."):
+                continue
+            if ".mlp.experts." in name:
+                loaded |= self._load_experts(name, tensor)
+                continue
+            for param_name, shard, part in plan_loads(name, tensor, self.config):
+                if param_name not in params:
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} has no parameter {param_name!r} in "
+                        f"{type(self).__name__} (is the config's architecture right?)"
+                    )
+                param = params[param_name]
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                if shard is None:
+                    loader(param, part)
+                else:
+                    loader(param, part, shard)
+                loaded.add(param_name)
+        if skipped_vision:
+            logger.info("vllm-gdn-neuron serves the text part only: skipped %d vision-tower tensors", skipped_vision)
+        return loaded
+
+    def _load_experts(self, name: str, tensor: torch.Tensor) -> set[str]:
+        """Hand one routed-expert tensor (per-expert or fused 3-D) to vLLM's fused-MoE loader."""
+        layer_prefix, _, relative = name.partition(".mlp.experts.")
+        module_name = f"{layer_prefix}.mlp.experts"
+        experts = self.get_submodule(module_name)
+        return {f"{module_name}.{param}" for param in experts.load_weights([(relative, tensor)])}
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    """Qwen3.5-MoE text decoder (``Qwen3_5MoeForCausalLM`` checkpoints)."""
+
+
+class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
+    """The text part of a Qwen3.5 vision-language checkpoint; the vision tower is skipped."""
+
+
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForCausalLM):
+    """The text part of a Qwen3.5-MoE vision-language checkpoint; the vision tower is skipped."""
+
+
+class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
+    """Qwen3-Next: the same layers, GDN projections packed per key-head group in the checkpoint."""

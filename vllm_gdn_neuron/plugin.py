@@ -1,0 +1,86 @@
+"""The vLLM plugin: registers the Qwen3.5 / Qwen3-Next architectures and their start-up checks.
+
+vLLM calls :func:`register` (the ``vllm.general_plugins`` entry point
+``vllm_gdn_neuron:register``) in every process it starts: API server, engine core and
+workers. It is idempotent, imports no model code (the registry imports the model
+module lazily, by name), and does nothing when ``VLLM_GDN_NEURON_DISABLE=1``.
+"""
+
+import os
+
+DISABLE_ENV = "VLLM_GDN_NEURON_DISABLE"
+
+_MODEL_MODULE = "vllm_gdn_neuron.models.qwen3_5"
+ARCHITECTURES = (
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
+)
+
+_registered = False
+
+
+def register() -> None:
+    """Point vLLM's model registry at this plugin's classes (once per process)."""
+    global _registered
+    if _registered or os.environ.get(DISABLE_ENV) == "1":
+        return
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    for arch in ARCHITECTURES:
+        ModelRegistry.register_model(arch, f"{_MODEL_MODULE}:{arch}")
+        existing = MODELS_CONFIG_MAP.get(arch)
+        if not getattr(existing, "is_vllm_gdn_neuron_hook", False):
+            MODELS_CONFIG_MAP[arch] = _config_hook(existing)
+    _registered = True
+
+
+def prepare_config(vllm_config) -> None:
+    """Adjust and check an engine config before anything is built.
+
+    - Text-only serving: drops the multimodal M-RoPE fields so vLLM feeds 1-D
+      positions (M-RoPE equals plain RoPE on text positions).
+    - Refuses what the GatedDeltaNet layer cannot serve with a ``ValueError`` naming
+      the setting (see :func:`vllm_gdn_neuron.layers.gdn_cache.check_gdn_config`).
+    """
+    from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config
+    from vllm_gdn_neuron.models.attention import MROPE_KEYS
+
+    model_config = vllm_config.model_config
+    text_config = model_config.hf_text_config
+    for config in {id(c): c for c in (model_config.hf_config, text_config)}.values():
+        rope_parameters = getattr(config, "rope_parameters", None)
+        if isinstance(rope_parameters, dict):
+            for key in MROPE_KEYS:
+                rope_parameters.pop(key, None)
+    speculative = vllm_config.speculative_config
+    check_gdn_config(
+        text_config,
+        tp_size=vllm_config.parallel_config.tensor_parallel_size,
+        num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative else 0,
+        mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
+    )
+
+
+def _config_hook(base):
+    """A ``MODELS_CONFIG_MAP`` entry running vLLM's own hook for the name (if any), then ours."""
+    from vllm.model_executor.models.config import VerifyAndUpdateConfig
+
+    class GatedDeltaNetConfigHook(VerifyAndUpdateConfig):
+        is_vllm_gdn_neuron_hook = True
+
+        @staticmethod
+        def verify_and_update_model_config(model_config) -> None:
+            if base is not None:
+                base.verify_and_update_model_config(model_config)
+
+        @staticmethod
+        def verify_and_update_config(vllm_config) -> None:
+            if base is not None:
+                base.verify_and_update_config(vllm_config)
+            prepare_config(vllm_config)
+
+    return GatedDeltaNetConfigHook
