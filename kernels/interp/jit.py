@@ -13,15 +13,29 @@ in order, with ``nl.program_id(axis)`` giving the index; ``shared_hbm`` outputs 
 all programs (the k-th shared_hbm allocation of each program is the same tensor).
 """
 
+import contextlib
 import functools
 import itertools
 
 import numpy as np
 
+try:  # optional: keeps NumPy's BLAS on one thread while a kernel runs
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover - the interpreter still runs, slower on busy machines
+    threadpool_limits = None
+
 from . import cost as _cost
 from . import dtypes as _dtypes
 from . import runtime as _runtime
 from .tensor import HBM, SHARED_HBM, Tensor
+
+
+def _one_blas_thread():
+    """Tiles are at most 128 x 512: a multi-threaded BLAS only adds synchronisation (10x
+    slower on a loaded 2-core machine), so kernels run with one BLAS thread."""
+    if threadpool_limits is None:
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 def _is_torch(value) -> bool:
@@ -128,7 +142,7 @@ class Kernel:
         arguments.track(list(args) + list(kwargs.values()))
         execution = _runtime.Execution(grid, _cost.active_recorder())
         result = None
-        with _runtime.running(execution):
+        with _runtime.running(execution), _one_blas_thread():
             for program_id in itertools.product(*(range(g) for g in grid)):
                 execution.start_program(program_id)
                 result = self.func(*args, **kwargs)
