@@ -20,14 +20,12 @@ The state ``S`` lives in SBUF (fp32) for the whole sequence; it is read from HBM
 supplied) and written once.
 """
 
-import numpy as np
-
 from . import tiles as tl
 from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
                      check_positive_int, check_rank, check_same_dtype, check_shape)
-from .mask_pack import (BLOCK_DIAG_16, CHUNK, IDENTITY, LEVEL_MASK, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER,
-                        build_mask_pack)
-from .nki_compat import nki, nisa, nl
+from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
+from .nki_compat import nki, nl
+from .chunked import advance, load_masks, schur_levels
 
 ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
@@ -40,14 +38,6 @@ class _Chunk:
 
     __slots__ = ("rows", "beta", "e_t", "p_t", "t", "t_t", "bv", "kb", "q_g_t", "k_decay", "state_decay",
                  "u", "w_t")
-
-
-def _load_masks(mask_pack, chunk):
-    """The mask pack's top-left ``chunk x chunk`` corners as one SBUF tile ``[chunk, N_MASKS, chunk]``."""
-    masks = tl.sbuf((chunk, N_MASKS, chunk))
-    for plane in range(N_MASKS):
-        nisa.dma_copy(dst=masks[:, plane, :], src=mask_pack[plane, 0:chunk, 0:chunk])
-    return masks
 
 
 def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, ones, cdt):
@@ -81,24 +71,6 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     return ch
 
 
-def _schur_levels(chunks, masks, first_level, chunk):
-    """Blocked Schur complement, level-major over ``chunks``: ``T <- T - T (A * M_j) T``.
-
-    Leaves ``T^T`` in ``ch.t_t``. ``Y = diag(beta) (E * M_j) T``; ``T Y`` and ``Y^T T^T``; the
-    last level skips ``T Y`` (only ``T^T`` is used afterwards).
-    """
-    last = int(np.log2(chunk)) - 1
-    for level in range(first_level, last + 1):
-        level_mask = masks[:, LEVEL_MASK[level], :]
-        for ch in chunks:
-            y = tl.scalar(tl.matmul(tl.binary(ch.e_t, level_mask, nl.multiply), ch.t), nl.multiply, ch.beta)
-            if level < last:
-                ch.t = tl.binary(ch.t, tl.matmul(ch.t_t, y), nl.subtract)
-            ch.t_t = tl.binary(ch.t_t, tl.matmul(y, ch.t_t), nl.subtract)
-    for ch in chunks:
-        ch.t = None
-
-
 def _neumann_blocks(ch, masks):
     """``T`` and ``T^T`` on the 16 x 16 diagonal blocks: ``(I + N)(I + N^2)(I + N^4)(I + N^8)``, ``N = -A``."""
     eye, block = masks[:, IDENTITY, :], masks[:, BLOCK_DIAG_16, :]
@@ -129,23 +101,6 @@ def _finish_chunk(ch, cdt):
     ch.t_t = ch.bv = ch.kb = None
 
 
-def _advance(ch, state, out_rows, scale, cdt):
-    """Output of one chunk and the next state. ``state`` None means zero (no load, no terms)."""
-    if state is None:
-        v_new = ch.u
-        o = tl.matmul(ch.p_t, v_new)
-    else:
-        s_c = state if cdt == nl.float32 else tl.copy(state, cdt)
-        v_new = tl.binary(ch.u, tl.matmul(ch.w_t, s_c), nl.subtract)
-        o = tl.matmul(ch.q_g_t, s_c)
-        tl.matmul_accumulate(o, ch.p_t, v_new)
-    tl.store(out_rows, tl.scalar(o, nl.multiply, scale, dtype=cdt))
-    update = tl.matmul(ch.k_decay, v_new)
-    if state is None:
-        return tl.copy(update)
-    return tl.binary(tl.scalar(state, nl.multiply, ch.state_decay), update, nl.add)
-
-
 @nki.jit
 def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=None, scale=1.0,
                    algorithm="schur", group_size=8):
@@ -166,7 +121,7 @@ def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=No
     final = recurrent_state
     if final is None:
         final = nl.ndarray((b_size, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
-    masks = _load_masks(mask_pack, chunk)
+    masks = load_masks(mask_pack, chunk)
     ones = tl.filled((chunk, chunk), 1.0)
     for b in range(b_size):
         for h in range(hv_size):
@@ -178,14 +133,15 @@ def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=No
                     for c in range(first, min(first + group, n_chunks))
                 ]
                 if algorithm == "schur":
-                    _schur_levels(chunks, masks, 0, chunk)
+                    schur_levels(chunks, masks, 0, chunk)
                 else:
                     _neumann_blocks(chunks[0], masks)
-                    _schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
+                    schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
                 for ch in chunks:
                     _finish_chunk(ch, cdt)
                 for ch in chunks:
-                    state = _advance(ch, state, out[b, h, ch.rows, :], scale, cdt)
+                    o, state = advance(ch, state, scale, cdt, cdt)
+                    tl.store(out[b, h, ch.rows, :], o)
                 chunks = None
             tl.store(final[b, h], state)
     if recurrent_state is None:

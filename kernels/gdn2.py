@@ -1,0 +1,179 @@
+"""GDN-2 (channel-wise g / beta per key channel, w per value channel): a chunked NKI kernel
+over packed varlen sequences.
+
+Math: ``/work/shared/docs/gdn-math.md`` section 2; design: ``kernels/docs/gdn2.md``; torch
+mirror: ``gdn2_torch.py``. Per sequence, value head and chunk of ``C = 64`` tokens (the last
+chunk of a sequence is zero-filled: k = v = w = 0, g = 0, beta = 0 is exact), with
+``G = cumsum(g)`` per channel (``[C, Dk]``)::
+
+    A[t, s] = sum_d beta_td k_td k_sd exp(G_td - G_sd)          s < t
+    P[t, s] = sum_d q_td k_sd exp(G_td - G_sd)                   s <= t
+    T = (I + A)^-1                       blocked Schur complement (shared with gdn_cte)
+    U = T (w v),  W = T (beta e^G k),  V' = U - W S
+    O = scale ((q e^G) S + P V')
+    S <- diag(e^{G_C}) S + (k e^{G_C - G})^T V'
+
+Per-channel decay does not factor into a row and a column scaling without exponentiating
+positive numbers, so ``A`` and ``P`` are built one source token ``s`` at a time: the exponent
+``G_t - G_s = sum_{s < t' <= t} g_t'`` comes from one matmul of the gates themselves
+(``[Dk, C]``, channels on partitions), is clamped at 0 (only ``t < s`` could be positive and
+is masked afterwards), exponentiated, multiplied by ``(beta k)^T`` / ``q^T`` and contracted
+with ``k_s`` on TensorE into column ``s`` of ``A`` / ``P``. Every matmul operand is fp32.
+"""
+
+from . import tiles as tl
+from .chunked import advance, load_masks, schur_levels
+from .checks import FLOAT_DTYPES, check_dtype, check_rank, check_same_dtype, check_shape
+from .gdn_cte import MAX_HEAD_DIM, default_mask_pack
+from .mask_pack import IDENTITY, STRICT_LOWER, STRICT_UPPER, UPPER
+from .nki_compat import nki, nisa, nl
+
+GDN2_CHUNK = 64
+
+
+class _Chunk:
+    """Tiles of one GDN-2 chunk read by the inverse (``schur_levels``) and the state step (``advance``)."""
+
+    __slots__ = ("start", "length", "e_t", "beta", "t", "t_t", "p_t", "wv", "kg", "q_g_t", "k_decay",
+                 "state_decay", "u", "w_t")
+
+
+def _load_rows(src, length, chunk):
+    """HBM rows ``src`` (``[length, W]``) as a ``[chunk, W]`` fp32 tile, zero below ``length``."""
+    tile = tl.sbuf((chunk, src.shape[1]))
+    if length < chunk:
+        nisa.memset(dst=tile, value=0.0)
+    nisa.dma_copy(dst=tile[0:length, :], src=src)
+    return tile
+
+
+def _pairwise(g, k_t, bk_t, q_t, masks, length, chunk):
+    """``(A^T, P^T)`` of one chunk: ``[C, C]`` fp32, orientation ``[s, t]``, strictly / inclusively causal."""
+    upper = masks[:, UPPER, :]
+    a_cols = nl.ndarray((chunk, chunk), dtype=nl.float32, buffer=nl.psum)
+    p_cols = nl.ndarray((chunk, chunk), dtype=nl.float32, buffer=nl.psum)
+    nisa.memset(dst=a_cols, value=0.0)
+    nisa.memset(dst=p_cols, value=0.0)
+    for s in range(length):
+        since_s = tl.scalar(upper, nl.subtract, upper[:, s:s + 1])       # [t', t]: +1 on s < t' <= t
+        exponent = tl.scalar(tl.matmul(g, since_s), nl.minimum, 0.0)     # [d, t]: G_td - G_sd for t >= s
+        decay = tl.activation(exponent, nl.exp)
+        k_s = k_t[:, s:s + 1]
+        nisa.nc_matmul(a_cols[:, s:s + 1], tl.binary(bk_t, decay, nl.multiply), k_s)
+        nisa.nc_matmul(p_cols[:, s:s + 1], tl.binary(q_t, decay, nl.multiply), k_s)
+    e_t = tl.binary(tl.transpose(tl.copy(a_cols)), masks[:, STRICT_UPPER, :], nl.multiply)
+    p_t = tl.binary(tl.transpose(tl.copy(p_cols)), upper, nl.multiply)
+    return e_t, p_t
+
+
+def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, ones_col, chunk):
+    """Load one (possibly partial) chunk of tokens ``n_tok = (start, length)`` and form its tiles."""
+    start, length = n_tok
+    rows = nl.ds(start, length)
+    ch = _Chunk()
+    ch.start, ch.length = start, length
+    qt = _load_rows(q[rows, hk, :], length, chunk)
+    kt = _load_rows(k[rows, hk, :], length, chunk)
+    g = _load_rows(g_gate[rows, h, :], length, chunk)
+    bt = _load_rows(beta[rows, h, :], length, chunk)
+    ch.wv = _load_rows(v[rows, h, :], length, chunk)
+    if w is not None:
+        ch.wv = tl.binary(ch.wv, _load_rows(w[rows, h, :], length, chunk), nl.multiply)
+    upper = masks[:, UPPER, :]
+    bk = tl.binary(bt, kt, nl.multiply)
+    k_t = tl.transpose(kt)
+    ch.e_t, ch.p_t = _pairwise(g, k_t, tl.transpose(bk), tl.transpose(qt), masks, length, chunk)
+    e_g = tl.activation(tl.matmul(upper, g), nl.exp)                          # [t, d] e^{G_td}
+    ch.kg = tl.binary(bk, e_g, nl.multiply)
+    ch.q_g_t = tl.transpose(tl.binary(qt, e_g, nl.multiply))
+    to_end = tl.activation(tl.matmul(masks[:, STRICT_LOWER, :], g), nl.exp)    # e^{G_C - G_t} per channel
+    ch.k_decay = tl.binary(kt, to_end, nl.multiply)
+    ch.state_decay = tl.activation(tl.matmul(g, ones_col), nl.exp)            # [Dk, 1] e^{G_C}
+    ch.beta = ones_col                                                        # beta already inside A
+    ch.t = ch.t_t = masks[:, IDENTITY, :]
+    return ch
+
+
+def _chunks_of(start, end, chunk):
+    return [(c0, min(chunk, end - c0)) for c0 in range(start, end, chunk)]
+
+
+@nki.jit
+def gdn2_kernel(q, k, v, g, beta, w, mask_pack, initial_state=None, cu_seqlens=(), scale=1.0):
+    """The NKI kernel behind :func:`gdn2_chunked` (arguments already checked)."""
+    t_len, hk_size, dk = q.shape
+    hv_size, dv = v.shape[1], v.shape[2]
+    ratio = hv_size // hk_size
+    chunk = GDN2_CHUNK
+    n_seq = len(cu_seqlens) - 1
+    out = nl.ndarray((t_len, hv_size, dv), dtype=q.dtype, buffer=nl.shared_hbm)
+    final = nl.ndarray((n_seq, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
+    masks = load_masks(mask_pack, chunk)
+    ones_col = tl.filled((chunk, 1), 1.0)
+    for n in range(n_seq):
+        for h in range(hv_size):
+            state = None if initial_state is None else tl.load(initial_state[n, h])
+            for n_tok in _chunks_of(cu_seqlens[n], cu_seqlens[n + 1], chunk):
+                ch = _prepare_chunk(q, k, v, g, beta, w, n_tok, h, h // ratio, masks, ones_col, chunk)
+                schur_levels([ch], masks, 0, chunk)
+                ch.u = tl.copy(tl.matmul(ch.t_t, ch.wv))
+                ch.w_t = tl.copy(tl.matmul(ch.kg, ch.t_t))
+                o, state = advance(ch, state, scale, nl.float32, q.dtype)
+                tl.store(out[nl.ds(ch.start, ch.length), h, :], o[0:ch.length, :])
+            if state is None:
+                state = tl.filled((dk, dv), 0.0)
+            tl.store(final[n, h], state)
+    return out, final
+
+
+def gdn2_chunked(q, k, v, g, beta, w, cu_seqlens, scale=1.0, initial_state=None, mask_pack=None):
+    """Chunked GDN-2 prefill of packed varlen sequences on the NKI kernel.
+
+    Dimensions:
+        T packed tokens of N sequences; Hk key heads; Hv value heads (a multiple of Hk);
+        Dk, Dv <= 128.
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` L2-normalised; v: ``[T, Hv, Dv]``; one dtype (fp32, bf16, fp16).
+        g: ``[T, Hv, Dk]`` fp32 per-channel natural-log decay (<= 0).
+        beta: ``[T, Hv, Dk]`` fp32 per key channel.
+        w: ``[T, Hv, Dv]`` fp32 per value channel, or None for ones.
+        cu_seqlens: ``N + 1`` sequence boundaries (0 first, T last, non-decreasing), trace-time
+            constants (a Python sequence or a CPU tensor).
+        scale: output scale.
+        initial_state: ``[N, Hv, Dk, Dv]`` fp32 (K-major) or None for zeros (no load).
+        mask_pack: from :func:`build_mask_pack`, or None to build one.
+
+    Returns:
+        ``(o [T, Hv, Dv] in q's dtype, final_state [N, Hv, Dk, Dv] fp32)``.
+    """
+    check_rank("q", q, 3, "[T, Hk, Dk]")
+    check_dtype("q", q, FLOAT_DTYPES)
+    t_len, hk, dk = q.shape
+    check_shape("k", k, (t_len, hk, dk), "[T, Hk, Dk]")
+    check_same_dtype("k", k, "q", q)
+    check_rank("v", v, 3, "[T, Hv, Dv]")
+    check_same_dtype("v", v, "q", q)
+    hv, dv = v.shape[1], v.shape[2]
+    if v.shape[0] != t_len:
+        raise ValueError(f"v must have T = {t_len} tokens, got shape {tuple(v.shape)}")
+    if hv % hk:
+        raise ValueError(f"Hv (v.shape[1]) must be a multiple of Hk (k.shape[1]), got Hv={hv}, Hk={hk}")
+    for name, size in (("Dk (k.shape[2])", dk), ("Dv (v.shape[2])", dv)):
+        if size > MAX_HEAD_DIM:
+            raise ValueError(f"{name} must be <= {MAX_HEAD_DIM} (one partition tile), got {size}")
+    for name, gate in (("g", g), ("beta", beta)):
+        check_shape(name, gate, (t_len, hv, dk), "[T, Hv, Dk]")
+        check_dtype(name, gate, ("float32",))
+    if w is not None:
+        check_shape("w", w, (t_len, hv, dv), "[T, Hv, Dv]")
+        check_dtype("w", w, ("float32",))
+    bounds = [int(b) for b in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens)]
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != t_len or any(b > a for b, a in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must run from 0 to T = {t_len} without decreasing, got {bounds}")
+    if initial_state is not None:
+        check_shape("initial_state", initial_state, (len(bounds) - 1, hv, dk, dv), "[N, Hv, Dk, Dv]")
+        check_dtype("initial_state", initial_state, ("float32",))
+    if mask_pack is None:
+        mask_pack = default_mask_pack(q)
+    return gdn2_kernel(q, k, v, g, beta, w, mask_pack, initial_state, cu_seqlens=tuple(bounds), scale=float(scale))
