@@ -126,7 +126,7 @@ class Kernel:
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
         try:
             grid = tuple(int(g) for g in grid)
-        except TypeError:
+        except (TypeError, ValueError):
             raise ValueError(f"nki.jit: grid must be an int or a tuple of ints, got {grid!r}") from None
         if not grid or min(grid) < 1:
             raise ValueError(f"nki.jit: grid sizes must be >= 1, got {grid}")

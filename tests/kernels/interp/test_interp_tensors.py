@@ -230,3 +230,39 @@ def test_partition_axis_limit_applies_to_on_chip_tensors_only():
             tile.reshape((258, 128))
 
     run(body, np.zeros(1, np.float32))
+
+
+def test_jit_with_options_and_a_kernel_calling_another_kernel_inline():
+    @nki.jit(platform_target="trn2")
+    def double(tile):
+        nisa.tensor_scalar(dst=tile, data=tile, op0=nl.multiply, operand0=2.0)
+        return tile
+
+    @nki.jit
+    def outer(x):
+        tile = load(x)
+        double(tile)  # inside a running kernel: the body runs inline on the tile
+        return store(tile)
+
+    assert double.options == {"platform_target": "trn2"}
+    np.testing.assert_array_equal(outer(np.ones((2, 2), np.float32)), np.full((2, 2), 2.0, np.float32))
+
+
+def test_grid_programs_must_allocate_the_same_shared_outputs():
+    def body(x):
+        n = 4 if nl.program_id(0) == 0 else 5
+        out = nl.ndarray((n,), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x[0:n])
+        return out
+
+    with pytest.raises(ValueError, match=r"shared_hbm allocation #0 of program \(1,\) is \(5,\) float32, "
+                                         r"but program 0 allocated \(4,\) float32"):
+        nki.jit(body)[2](np.zeros(8, np.float32))
+
+
+def test_grid_must_be_positive_ints():
+    kernel = nki.jit(lambda x: None)
+    with pytest.raises(ValueError, match="grid sizes must be >= 1"):
+        kernel[0]
+    with pytest.raises(ValueError, match="grid must be an int or a tuple of ints"):
+        kernel["a"]
