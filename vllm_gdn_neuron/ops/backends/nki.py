@@ -1,0 +1,132 @@
+"""The ``nki`` backend: the packed varlen ops on the NKI kernels of ``vllm_gdn_neuron.kernels``.
+
+Implements the contract of ``vllm_gdn_neuron.ops.backends`` (arguments arrive validated and
+normalised). The kernels run on trn2 through the real ``nki`` and anywhere else through the
+project's CPU interpreter (``kernels.nki_compat``); ``is_available()`` is True only with the
+real one, so ``backend="auto"`` picks this backend on Neuron machines only, while
+``backend="nki"`` / ``VLLM_GDN_BACKEND=nki`` runs it interpreted on CPU.
+
+Mapping (per sequence of the packed batch; zero-length sequences pass their state through):
+
+- ``gdn_prefill``: tokens permuted to the head-major kernel layout ``[1, H, S, D]`` and padded
+  at the end to the chunk multiple with k = v = 0, g = 0, beta = 0 (exact: a padded token
+  leaves the state unchanged, its output rows are dropped); ``gdn_cte`` "schur" with the
+  sequence's initial state in a fresh buffer it updates in place.
+- ``gdn_decode``: ``gdn_recurrent_step`` (fp32 math; q/k/v handed over in fp32) on the
+  cache itself (slot rows in place); a non-contiguous cache view goes through a gathered
+  copy whose rows are written back.
+- ``conv1d_prefill`` / ``conv1d_decode``: channel-major ``[1, C, T]`` per sequence /
+  ``[N, C, 1]`` batch with the gathered slot states, new states written back to the slots.
+- ``gdn2_prefill``: ``gdn2_chunked`` on the packed tokens with ``cu_seqlens``.
+
+q and k are L2-normalised here (float32, then back to q's dtype) when ``use_qk_l2norm``.
+"""
+
+import torch
+
+from vllm_gdn_neuron.kernels.conv1d import gdn_conv1d_decode, gdn_conv1d_prefill
+from vllm_gdn_neuron.kernels.gdn2 import gdn2_chunked
+from vllm_gdn_neuron.kernels.gdn_cte import CHUNK_OF, gdn_cte
+from vllm_gdn_neuron.kernels.nki_compat import using_interpreter
+from vllm_gdn_neuron.kernels.recurrent_step import gdn_recurrent_step
+from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
+
+ALGORITHM = "schur"
+
+
+def is_available():
+    """True where the real Neuron Kernel Interface runs the kernels (not the CPU interpreter)."""
+    return not using_interpreter
+
+
+def _l2norm(x):
+    """``x * rsqrt(sum(x^2) + 1e-6)`` over the head axis in fp32, back in ``x``'s dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
+
+
+def _normalised(q, k, use_qk_l2norm):
+    return (_l2norm(q), _l2norm(k)) if use_qk_l2norm else (q, k)
+
+
+def _bounds(cu_seqlens):
+    edges = cu_seqlens.tolist()
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _head_major(x, padded):
+    """``[L, H, ...]`` tokens -> ``[1, H, padded, ...]``, zero rows appended."""
+    x = x.transpose(0, 1)
+    pad = padded - x.shape[1]
+    if pad:
+        x = torch.cat([x, x.new_zeros((x.shape[0], pad) + tuple(x.shape[2:]))], dim=1)
+    return x.unsqueeze(0).contiguous()
+
+
+def _initial_states(initial_state, n_seq, shape, device):
+    if initial_state is None:
+        return torch.zeros((n_seq,) + shape, dtype=torch.float32, device=device)
+    return initial_state.to(torch.float32).clone()
+
+
+def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
+    q, k = _normalised(q, k, use_qk_l2norm)
+    hv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
+    bounds = _bounds(cu_seqlens)
+    final = _initial_states(initial_state, len(bounds), (hv, dk, dv), q.device)
+    o = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    chunk = CHUNK_OF[ALGORITHM]
+    for n, (start, end) in enumerate(bounds):
+        if end == start:
+            continue
+        padded = -(-(end - start) // chunk) * chunk
+        rows = slice(start, end)
+        out, _ = gdn_cte(_head_major(q[rows], padded), _head_major(k[rows], padded),
+                         _head_major(v[rows], padded), _head_major(g[rows], padded),
+                         _head_major(beta[rows], padded), scale=scale, algorithm=ALGORITHM,
+                         recurrent_state=final[n:n + 1])
+        o[rows] = out[0, :, :end - start].transpose(0, 1)
+    return o, final
+
+
+def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
+    # the step kernel computes in fp32 whatever the input dtype: hand it fp32 (normalised) q/k/v
+    out_dtype = q.dtype
+    q, k = _normalised(q.float(), k.float(), use_qk_l2norm)
+    args = (q.contiguous(), k.contiguous(), v.float().contiguous(), g.contiguous(), beta.contiguous())
+    if state.is_contiguous():
+        return gdn_recurrent_step(*args, state, state_indices.tolist(), scale).to(out_dtype)
+    rows = state[state_indices].contiguous()
+    out = gdn_recurrent_step(*args, rows, list(range(rows.shape[0])), scale)
+    state[state_indices] = rows
+    return out.to(out_dtype)
+
+
+def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm):
+    q, k = _normalised(q, k, use_qk_l2norm)
+    return gdn2_chunked(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
+                        beta.contiguous(), None if w is None else w.contiguous(), cu_seqlens.tolist(),
+                        scale=scale, initial_state=None if initial_state is None else initial_state.contiguous())
+
+
+def conv1d_prefill(x, weight, cu_seqlens, initial_state, activation):
+    bounds = _bounds(cu_seqlens)
+    channels, width = weight.shape
+    final = _initial_states(initial_state, len(bounds), (channels, width), x.device)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    for n, (start, end) in enumerate(bounds):
+        if end == start:
+            continue
+        incoming = None if initial_state is None else final[n:n + 1]
+        out, state = gdn_conv1d_prefill(x[start:end].T.unsqueeze(0).contiguous(), weight.contiguous(), incoming,
+                                        activation=activation)
+        y[start:end] = out[0].T
+        final[n] = state[0]
+    return y, final
+
+
+def conv1d_decode(x, weight, state, state_indices, activation):
+    rows = state[state_indices].contiguous()
+    out, new_rows = gdn_conv1d_decode(x.unsqueeze(-1).contiguous(), rows, weight.contiguous(), activation=activation)
+    state[state_indices] = new_rows
+    return out[..., 0]
