@@ -58,7 +58,8 @@ Lifetime and capacity: an SBUF/PSUM tile is live from ``nl.ndarray`` until the t
 Refusals (``NkiHardwareError``, a ``ValueError``; message = op, operand, limit): partition
     axis > 128; nc_matmul K or M > 128, N > 512, dst not PSUM fp32, operands not in SBUF;
     a PSUM tile wider than a bank; dma_copy touching PSUM; both tensor_tensor inputs in
-    PSUM; dma_transpose of a non-2-byte dtype; SBUF/PSUM over capacity.
+    PSUM; dma_transpose of a non-2-byte dtype; GpSimd ops (affine_select, iota,
+    engine=gpsimd) touching PSUM; SBUF/PSUM over capacity.
 Cost model: ``with interp.cost.record() as rec: kernel(...)``; ``rec.report()`` gives a
     :class:`~.cost.CostReport` (modeled time, per-engine busy share, TensorE utilisation,
     HBM bytes, roofline; ``.table()`` prints them, each labelled "modeled");

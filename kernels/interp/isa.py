@@ -80,12 +80,19 @@ def _column(op: str, name: str, value, data: Tensor):
     raise ValueError(f"{op}: {name} must be a scalar or a [P, 1] tile, got {type(value).__name__}")
 
 
-def _engine(op: str, selected) -> str:
-    if selected is None:
-        return "vector"
-    if selected not in _ENGINES:
+def _engine(op: str, selected, *tiles) -> str:
+    """The engine an instruction runs on (VectorE unless ``engine=`` says otherwise).
+
+    GpSimd cannot access PSUM: a GpSimd instruction with a PSUM operand is refused.
+    """
+    chosen = "vector" if selected is None else selected
+    if chosen not in _ENGINES:
         raise ValueError(f"{op}: engine must be one of nisa.engine.vector/scalar/gpsimd, got {selected!r}")
-    return selected
+    if chosen == "gpsimd":
+        for t in tiles:
+            if isinstance(t, Tensor) and t.buffer == PSUM:
+                raise refuse(op, f"operand {t.name}", "is in PSUM; the GpSimd engine cannot access PSUM")
+    return chosen
 
 
 # ---- store and record -----------------------------------------------------------------------
@@ -247,9 +254,10 @@ def memset(dst, value, engine=None, name=None):
     op = "nisa.memset"
     execution = _runtime.current(op)
     _operand(op, "dst", dst, ON_CHIP)
+    unit = _engine(op, engine, dst)
     fill = _column(op, "value", value, dst)
     _store(dst, np.broadcast_to(fill, dst.shape))
-    _record(execution, _engine(op, engine), "memset", dst, (), elements=dst.size, partitions=dst.shape[0])
+    _record(execution, unit, "memset", dst, (), elements=dst.size, partitions=dst.shape[0])
 
 
 def tensor_copy(dst, src, engine=None, name=None):
@@ -259,8 +267,9 @@ def tensor_copy(dst, src, engine=None, name=None):
     _operand(op, "src", src, ON_CHIP)
     _operand(op, "dst", dst, (SBUF,))
     _same_layout(op, dst, "src", src)
+    unit = _engine(op, engine, src)
     _store(dst, src.array if src.dtype == dst.dtype else _read(src))
-    _record(execution, _engine(op, engine), "tensor_copy", dst, (src,), elements=dst.size, partitions=dst.shape[0])
+    _record(execution, unit, "tensor_copy", dst, (src,), elements=dst.size, partitions=dst.shape[0])
 
 
 def tensor_tensor(dst, data1, data2, op, name=None):
@@ -292,6 +301,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     _operand(op, "dst", dst, ON_CHIP)
     _operand(op, "data", data, ON_CHIP)
     _same_layout(op, dst, "data", data)
+    unit = _engine(op, engine, dst, data, operand0, operand1)
     fn0 = _ops.resolve(op0, op, "op0", "binary").binary
     a0 = _column(op, "operand0", operand0, data)
     if (op1 is None) != (operand1 is None):
@@ -304,7 +314,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if fn1 is not None:
             x = fn1(a1, x) if reverse1 else fn1(x, a1)
     _store(dst, np.asarray(x, dtype=np.float32))
-    _record(execution, _engine(op, engine), "tensor_scalar", dst, (data, operand0, operand1),
+    _record(execution, unit, "tensor_scalar", dst, (data, operand0, operand1),
             elements=dst.size, partitions=dst.shape[0])
 
 
@@ -418,7 +428,7 @@ def _affine(op: str, pattern, partitions: int, channel_multiplier, offset, free_
 
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=_ops.equal,
                   offset=0, name=None):
-    """``dst = on_true_tile`` where ``cmp_op(affine, 0)`` else ``on_false_value`` (GpSimd).
+    """``dst = on_true_tile`` where ``cmp_op(affine, 0)`` else ``on_false_value`` (GpSimd, SBUF only).
 
     ``affine[p, idx] = offset + p * channel_multiplier + sum_i idx_i * step_i`` for
     ``pattern = [[step_i, num_i], ...]`` (outermost first) over dst's free elements.
@@ -427,8 +437,8 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     """
     op = "nisa.affine_select"
     execution = _runtime.current(op)
-    _operand(op, "dst", dst, ON_CHIP)
-    _operand(op, "on_true_tile", on_true_tile, ON_CHIP)
+    _operand(op, "dst", dst, (SBUF,))  # GpSimd: no PSUM access
+    _operand(op, "on_true_tile", on_true_tile, (SBUF,))
     _same_layout(op, dst, "on_true_tile", on_true_tile)
     compare = _ops.resolve(cmp_op, op, "cmp_op", "binary").binary
     if isinstance(on_false_value, Tensor):

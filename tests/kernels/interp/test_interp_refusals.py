@@ -202,3 +202,23 @@ def test_operands_of_the_wrong_kind_are_refused_with_a_clear_error():
             nl.ndarray((8, 8), nl.float32, buffer="dram")
 
     run(body, np.zeros(1, np.float32))
+
+
+def test_gpsimd_instructions_cannot_access_psum():
+    def build_select():
+        dst = _tile((8, 8))
+        src = _tile((8, 8), buffer=nl.psum)
+        return dst, lambda: nisa.affine_select(dst=dst, pattern=[[1, 8]], channel_multiplier=0, on_true_tile=src,
+                                               on_false_value=0.0)
+
+    def build_copy():
+        dst = _tile((8, 8))
+        return dst, lambda: nisa.tensor_copy(dst=dst, src=_tile((8, 8), buffer=nl.psum), engine=nisa.engine.gpsimd)
+
+    def build_memset():
+        dst = _tile((8, 8), buffer=nl.psum)
+        return dst, lambda: nisa.memset(dst=dst, value=0.0, engine=nisa.engine.gpsimd)
+
+    _refused(build_select, r"affine_select: on_true_tile .* is in PSUM; it must be in SBUF")
+    _refused(build_copy, r"tensor_copy: operand .* is in PSUM; the GpSimd engine cannot access PSUM")
+    _refused(build_memset, r"memset: operand .* is in PSUM; the GpSimd engine cannot access PSUM")
