@@ -22,7 +22,6 @@ from . import dtypes as _dtypes
 from . import ops as _ops
 from . import runtime as _runtime
 from .errors import refuse
-from .memory import PARTITIONS
 from .tensor import HBM, ON_CHIP, PSUM, SBUF, SHARED_HBM, Tensor
 
 MATMUL_K_MAX = 128
@@ -464,5 +463,5 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
 __all__ = [
     "engine", "nc_matmul", "nc_transpose", "dma_copy", "dma_transpose", "memset", "tensor_copy",
     "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation", "reciprocal",
-    "tensor_reduce", "affine_select", "iota", "PARTITIONS",
+    "tensor_reduce", "affine_select", "iota",
 ]

@@ -20,7 +20,7 @@ from .ops import (  # noqa: F401 - re-exported operator tokens
     log, max, maximum, min, minimum, multiply, negative, not_equal, power, reciprocal, relu,
     rsqrt, sigmoid, silu, softplus, sqrt, square, subtract, tanh,
 )
-from .tensor import BUFFERS, HBM, ON_CHIP, PSUM, SBUF, SHARED_HBM, DynSlice, Tensor, _check_partitions
+from .tensor import BUFFERS, HBM, ON_CHIP, PSUM, SBUF, SHARED_HBM, DynSlice, Tensor, check_partitions
 
 float32 = _dtypes.float32
 bfloat16 = _dtypes.bfloat16
@@ -111,22 +111,20 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = None) -> Tensor:
     if buffer not in BUFFERS:
         raise ValueError(f"nl.ndarray: buffer must be one of nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, got {buffer!r}")
     label = name or f"{buffer}{list(shape)}"
-    _check_partitions("nl.ndarray", shape, buffer, label)
+    check_partitions("nl.ndarray", shape, buffer, label)
     if buffer == SHARED_HBM and execution.grid:
         return _shared(execution, shape, dtype, label)
-    per_partition = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if buffer in ON_CHIP else 0
-    what = f"{label} {dtype.name}"
-    memory = execution.memory
-    if buffer == SBUF:
-        memory.allocate_sbuf(per_partition, what)
-        tensor = Tensor(_garbage(shape, dtype), buffer, name=label)
-        weakref.finalize(tensor, memory.release_sbuf, per_partition)
-    elif buffer == PSUM:
-        bank = memory.allocate_psum(per_partition, what)
-        tensor = Tensor(_garbage(shape, dtype), buffer, name=label)
-        weakref.finalize(tensor, memory.release_psum, per_partition, bank)
-    else:
-        tensor = Tensor(_garbage(shape, dtype), buffer, name=label)
+    tensor = Tensor(_garbage(shape, dtype), buffer, name=label)
+    if buffer in ON_CHIP:
+        per_partition = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        memory = execution.memory
+        what = f"{label} {dtype.name}"
+        if buffer == SBUF:
+            memory.allocate_sbuf(per_partition, what)
+            weakref.finalize(tensor, memory.release_sbuf, per_partition)
+        else:
+            bank = memory.allocate_psum(per_partition, what)
+            weakref.finalize(tensor, memory.release_psum, per_partition, bank)
     return tensor
 
 

@@ -11,7 +11,6 @@ its SBUF/PSUM allocation (see :mod:`.memory`).
 
 import numpy as np
 
-from . import dtypes
 from .errors import refuse
 from .memory import PARTITIONS
 
@@ -40,7 +39,7 @@ class DynSlice:
         return f"nl.ds({self.start}, {self.size})"
 
 
-def _check_partitions(op: str, shape, buffer: str, name: str) -> None:
+def check_partitions(op: str, shape, buffer: str, name: str) -> None:
     if buffer in ON_CHIP and len(shape) and shape[0] > PARTITIONS:
         raise refuse(op, f"{buffer.upper()} tensor {name} of shape {tuple(shape)}",
                      f"has partition axis {shape[0]} > {PARTITIONS} partitions")
@@ -130,7 +129,7 @@ class Tensor:
 
     # ---- views ---------------------------------------------------------------------------
     def _view(self, array: np.ndarray, what: str):
-        _check_partitions(what, array.shape, self.buffer, self.name)
+        check_partitions(what, array.shape, self.buffer, self.name)
         return Tensor(array, self.buffer, self.root, self.name)
 
     def __getitem__(self, key):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from interp_helpers import BF16, load, run
+from interp_helpers import BF16, run
 from vllm_gdn_neuron.kernels.interp import NkiCapacityError, NkiHardwareError, nisa, nl
 from vllm_gdn_neuron.kernels.interp.tensor import Tensor
 
