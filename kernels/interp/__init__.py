@@ -38,7 +38,9 @@ Tensors: axis 0 is the partition axis (<= 128 in SBUF/PSUM). Views: ``t[i, a:b]`
     ``tensor_tensor(dst, data1, data2, op)``, ``tensor_scalar(dst, data, op0, operand0,
     reverse0=False, op1=None, operand1=None, reverse1=False, engine=None)``,
     ``scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0, reverse1)``,
-    ``activation(dst, op, data, bias=None, scale=1.0)``, ``reciprocal(dst, data)``,
+    ``activation(dst, op, data, bias=None, scale=1.0)``, ``activation_reduce(dst, op, data,
+    reduce_op, reduce_res, bias=None, scale=1.0)``, ``tensor_tensor_scan(dst, data0, data1,
+    initial, op0, op1, reverse0=False, reverse1=False)``, ``reciprocal(dst, data)``,
     ``affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value,
     cmp_op=nl.equal, offset=0)``, ``iota(dst, pattern, offset=0, channel_multiplier=0)``,
     ``tensor_reduce(dst, op, data, axis, negate=False, keepdims=False)``;

@@ -341,16 +341,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
             elements=dst.size, partitions=dst.shape[0])
 
 
-def activation(dst, op, data, bias=None, scale=1.0, name=None):
-    """``dst = op(data * scale + bias)`` on ScalarE.
-
-    Args:
-        op: an activation function token (nl.exp, nl.silu, nl.copy, ...).
-        bias: None or a [P, 1] tile (float32) added per partition.
-        scale: a scalar or a [P, 1] tile.
-    """
-    name_ = "nisa.activation"
-    execution = _runtime.current(name_)
+def _activate(name_: str, dst, op, data, bias, scale) -> np.ndarray:
+    """Check the operands of an activation and return ``op(data * scale + bias)`` in fp32."""
     _operand(name_, "dst", dst, ON_CHIP)
     _operand(name_, "data", data, ON_CHIP)
     _same_layout(name_, dst, "data", data)
@@ -363,9 +355,71 @@ def activation(dst, op, data, bias=None, scale=1.0, name=None):
         x = _read(data) * s
         if b is not None:
             x = x + b
-        value = fn(np.asarray(x, dtype=np.float32))
-    _store(dst, value)
+        return np.asarray(fn(np.asarray(x, dtype=np.float32)), dtype=np.float32)
+
+
+def activation(dst, op, data, bias=None, scale=1.0, name=None):
+    """``dst = op(data * scale + bias)`` on ScalarE.
+
+    Args:
+        op: an activation function token (nl.exp, nl.silu, nl.copy, ...).
+        bias: None or a [P, 1] tile (float32) added per partition.
+        scale: a scalar or a [P, 1] tile.
+    """
+    name_ = "nisa.activation"
+    execution = _runtime.current(name_)
+    _store(dst, _activate(name_, dst, op, data, bias, scale))
     _record(execution, "scalar", "activation", dst, (data, bias, scale), elements=dst.size, partitions=dst.shape[0])
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    """``activation`` plus ``reduce_res[P, 1] = reduce_op`` over the free axes of its fp32 result."""
+    name_ = "nisa.activation_reduce"
+    execution = _runtime.current(name_)
+    _operand(name_, "data", data, ON_CHIP)
+    _operand(name_, "reduce_res", reduce_res, ON_CHIP)
+    if reduce_res.shape[0] != data.shape[0] or reduce_res.size != data.shape[0]:
+        raise ValueError(f"{name_}: reduce_res must be a [{data.shape[0]}, 1] tile, got shape {reduce_res.shape}")
+    reducer = _ops.resolve(reduce_op, name_, "reduce_op", "reduce").reduce
+    value = _activate(name_, dst, op, data, bias, scale)
+    _store(dst, value)
+    _store(reduce_res, reducer(value.reshape(data.shape[0], -1), axis=1))
+    _record(execution, "scalar", "activation_reduce", dst, (data, bias, scale),
+            elements=dst.size, partitions=dst.shape[0])
+
+
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):
+    """Scan along the free elements of each partition (VectorE):
+
+    ``r[:, i] = (data0[:, i] <op0> r[:, i - 1]) <op1> data1[:, i]`` with ``r[:, -1] = initial``
+    (a scalar or a [P, 1] tile); ``reverse0`` / ``reverse1`` swap each operator's inputs.
+    Vectorised over partitions, sequential over the free elements, like the hardware.
+    """
+    op = "nisa.tensor_tensor_scan"
+    execution = _runtime.current(op)
+    _operand(op, "dst", dst, ON_CHIP)
+    _operand(op, "data0", data0, ON_CHIP)
+    _operand(op, "data1", data1, ON_CHIP)
+    if data0.buffer == PSUM and data1.buffer == PSUM:
+        raise refuse(op, "data0 and data1", "are both in PSUM; at most one scan input may be in PSUM")
+    _same_layout(op, dst, "data0", data0)
+    _same_layout(op, dst, "data1", data1)
+    fn0 = _ops.resolve(op0, op, "op0", "binary").binary
+    fn1 = _ops.resolve(op1, op, "op1", "binary").binary
+    partitions = dst.shape[0]
+    previous = np.broadcast_to(_column(op, "initial", initial, dst), (partitions,) + (1,) * (dst.ndim - 1))
+    previous = np.asarray(previous, dtype=np.float32).reshape(partitions)
+    x0 = _read(data0).reshape(partitions, -1)
+    x1 = _read(data1).reshape(partitions, -1)
+    result = np.empty(x0.shape, dtype=np.float32)
+    with np.errstate(all="ignore"):
+        for i in range(x0.shape[1]):
+            step = fn0(previous, x0[:, i]) if reverse0 else fn0(x0[:, i], previous)
+            previous = fn1(x1[:, i], step) if reverse1 else fn1(step, x1[:, i])
+            result[:, i] = previous
+    _store(dst, result)
+    _record(execution, "vector", "tensor_tensor_scan", dst, (data0, data1, initial),
+            elements=dst.size, partitions=partitions)
 
 
 def reciprocal(dst, data, name=None):
@@ -462,6 +516,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
 
 __all__ = [
     "engine", "nc_matmul", "nc_transpose", "dma_copy", "dma_transpose", "memset", "tensor_copy",
-    "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation", "reciprocal",
+    "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation", "activation_reduce",
+    "tensor_tensor_scan", "reciprocal",
     "tensor_reduce", "affine_select", "iota",
 ]

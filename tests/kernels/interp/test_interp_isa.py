@@ -359,3 +359,58 @@ def test_tensor_reduce_without_keepdims_into_a_column():
         return store(out)
 
     np.testing.assert_allclose(run(body, x), x.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+# ---- activation_reduce and tensor_tensor_scan ----------------------------------------------------
+def test_activation_reduce_returns_the_activation_and_its_row_reduction():
+    rng = np.random.default_rng(16)
+    x, bias = randn(rng, (8, 3, 10)), randn(rng, (8, 1))
+
+    def body(x, bias):
+        out = nl.ndarray(x.shape, nl.bfloat16)
+        total = nl.ndarray((8, 1), nl.float32)
+        nisa.activation_reduce(dst=out, op=nl.square, data=load(x), reduce_op=nl.add, reduce_res=total,
+                               bias=load(bias), scale=2.0)
+        return store(out), store(total)
+
+    out, total = run(body, x, bias)
+    squares = (x.astype(np.float64) * 2 + bias.reshape(8, 1, 1)) ** 2
+    np.testing.assert_array_equal(out, squares.astype(np.float32).astype(BF16))
+    np.testing.assert_allclose(total, squares.reshape(8, -1).sum(1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("initial_column", [False, True])
+def test_tensor_tensor_scan_is_a_per_partition_linear_recurrence(initial_column):
+    rng = np.random.default_rng(17)
+    decay, inputs, init = np.exp(-np.abs(randn(rng, (16, 40)))), randn(rng, (16, 40)), randn(rng, (16, 1))
+
+    def body(decay, inputs, init):
+        out = nl.ndarray(decay.shape, nl.float32)
+        nisa.tensor_tensor_scan(dst=out, data0=load(decay), data1=load(inputs),
+                                initial=load(init) if initial_column else 0.5, op0=nl.multiply, op1=nl.add)
+        return store(out)
+
+    out = run(body, decay, inputs, init)
+    state = init[:, 0].astype(np.float64) if initial_column else np.full(16, 0.5)
+    expected = np.empty((16, 40))
+    for i in range(40):  # r_i = decay_i * r_{i-1} + x_i
+        state = decay[:, i] * state + inputs[:, i]
+        expected[:, i] = state
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_tensor_tensor_scan_reverse_flags_swap_operands():
+    a, b = np.full((2, 3), 2.0, np.float32), np.full((2, 3), 10.0, np.float32)
+
+    def body(a, b):
+        out = nl.ndarray(a.shape, nl.float32)
+        # r_i = b_i - (r_{i-1} - a_i)
+        nisa.tensor_tensor_scan(dst=out, data0=load(a), data1=load(b), initial=1.0, op0=nl.subtract,
+                                op1=nl.subtract, reverse0=True, reverse1=True)
+        return store(out)
+
+    r, expected = 1.0, []
+    for _ in range(3):
+        r = 10.0 - (r - 2.0)
+        expected.append(r)
+    np.testing.assert_array_equal(run(body, a, b), np.tile(expected, (2, 1)).astype(np.float32))

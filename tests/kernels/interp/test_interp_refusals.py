@@ -222,3 +222,20 @@ def test_gpsimd_instructions_cannot_access_psum():
     _refused(build_select, r"affine_select: on_true_tile .* is in PSUM; it must be in SBUF")
     _refused(build_copy, r"tensor_copy: operand .* is in PSUM; the GpSimd engine cannot access PSUM")
     _refused(build_memset, r"memset: operand .* is in PSUM; the GpSimd engine cannot access PSUM")
+
+
+def test_scan_and_scalar_tensor_tensor_with_both_inputs_in_psum_are_refused():
+    def build_scan():
+        dst = _tile((8, 8))
+        a, b = _tile((8, 8), buffer=nl.psum), _tile((8, 8), buffer=nl.psum)
+        return dst, lambda: nisa.tensor_tensor_scan(dst=dst, data0=a, data1=b, initial=0.0, op0=nl.multiply,
+                                                    op1=nl.add)
+
+    def build_stt():
+        dst = _tile((8, 8))
+        a, b = _tile((8, 8), buffer=nl.psum), _tile((8, 8), buffer=nl.psum)
+        return dst, lambda: nisa.scalar_tensor_tensor(dst=dst, data=a, op0=nl.add, operand0=1.0, op1=nl.add,
+                                                      operand1=b)
+
+    _refused(build_scan, r"tensor_tensor_scan: data0 and data1 are both in PSUM")
+    _refused(build_stt, r"scalar_tensor_tensor: data and operand1 are both in PSUM")
