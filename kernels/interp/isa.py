@@ -146,6 +146,9 @@ def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
         raise ValueError(f"{op}: dst shape {dst.shape} must be [M={m}, N={n}] for stationary {stationary.shape}, moving {moving.shape}")
     if dst.dtype != _dtypes.float32:
         raise refuse(op, "dst", f"has dtype {dst.dtype.name}; matmul results are float32 in PSUM")
+    for label, t in (("stationary", stationary), ("moving", moving)):
+        if t.dtype not in _dtypes.FLOATS:
+            raise refuse(op, label, f"has dtype {t.dtype.name}; TensorE takes float32, bfloat16 or float16 operands")
     if accumulate not in (None, True, False):
         raise ValueError(f"{op}: accumulate must be None, True or False, got {accumulate!r}")
     written = dst.shadow(dst.root.matmul_written)

@@ -62,7 +62,12 @@ def test_matmul_operands_must_be_in_sbuf_and_dst_in_fp32_psum():
 
     _refused(build_dst_sbuf, r"nc_matmul: dst .* is in SBUF; it must be in PSUM")
     _refused(build_moving_psum, r"nc_matmul: moving .* is in PSUM; it must be in SBUF")
+    def build_int_operand():
+        dst = _tile((8, 8), buffer=nl.psum)
+        return dst, lambda: nisa.nc_matmul(dst=dst, stationary=_tile((8, 8), nl.int32), moving=_tile((8, 8)))
+
     _refused(build_bf16_dst, r"nc_matmul: dst has dtype bfloat16; matmul results are float32 in PSUM")
+    _refused(build_int_operand, r"nc_matmul: stationary has dtype int32; TensorE takes float32, bfloat16 or float16")
 
 
 def test_psum_tile_wider_than_one_bank_is_refused():
