@@ -414,3 +414,19 @@ def test_tensor_tensor_scan_reverse_flags_swap_operands():
         r = 10.0 - (r - 2.0)
         expected.append(r)
     np.testing.assert_array_equal(run(body, a, b), np.tile(expected, (2, 1)).astype(np.float32))
+
+
+def test_matmul_accumulation_state_is_tracked_per_element_through_psum_views():
+    rng = np.random.default_rng(18)
+    a, b = randn(rng, (16, 8)), randn(rng, (16, 4))
+
+    def body(a, b):
+        acc = nl.ndarray((8, 12), nl.float32, buffer=nl.psum)
+        st, mv = load(a), load(b)
+        for j in range(3):  # three column blocks, each opened fresh
+            nisa.nc_matmul(dst=acc[:, j * 4:(j + 1) * 4], stationary=st, moving=mv)
+        nisa.nc_matmul(dst=acc[:, 4:8], stationary=st, moving=mv)  # accumulates into the middle block only
+        return store(acc)
+
+    out, once = run(body, a, b), a.T @ b
+    np.testing.assert_allclose(out, np.concatenate([once, 2 * once, once], axis=1), rtol=1e-5, atol=1e-6)
