@@ -244,10 +244,8 @@ def dma_transpose(dst, src, name=None):
     if dst.shape != (b, a):
         raise ValueError(f"{op}: dst shape {dst.shape} must be {(b, a)} for src {src.shape}")
     _store(dst, src.array.T)
-    work = _dma_work(dst, src)
-    work["descriptors"] = src.size  # element-granular gather
-    work["run_bytes"] = src.itemsize
-    _record(execution, "dma", "dma_transpose", dst, (src,), **work)
+    # costed like a copy of the source rows (the transpose engine's own rate is not public)
+    _record(execution, "dma", "dma_transpose", dst, (src,), **_dma_work(src, src))
 
 
 # ---- VectorE / ScalarE / GpSimd -----------------------------------------------------------
