@@ -71,3 +71,18 @@ def test_the_interpreter_exposes_the_nki_surface():
     for name in ("ndarray", "ds", "program_id", "sbuf", "psum", "hbm", "shared_hbm", "float32", "bfloat16",
                  "float16", "int32", "add", "exp", "equal"):
         assert hasattr(interp.nl, name), name
+
+
+def test_kernels_reach_nki_only_through_the_seam():
+    """No kernel or package module imports nki (or the interpreter's nl/nisa) directly."""
+    import pathlib
+    import re
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    direct = re.compile(r"^\s*(import nki\b|from nki\b|from \.interp import|from vllm_gdn_neuron\.kernels\.interp import)",
+                        re.MULTILINE)
+    sources = [p for p in (repo / "kernels").rglob("*.py")
+               if "interp" not in p.relative_to(repo / "kernels").parts and p.name != "nki_compat.py"]
+    sources += list((repo / "vllm_gdn_neuron").rglob("*.py"))
+    offenders = [str(p.relative_to(repo)) for p in sources if direct.search(p.read_text())]
+    assert offenders == []
