@@ -158,3 +158,12 @@ def test_spec_constants_derive_the_documented_rates():
         copy_loop(np.zeros((128, 2048), np.float32), 4)
     baseline = _modeled(copy_loop, np.zeros((128, 2048), np.float32), 4)
     assert recording.report().modeled_time_s > 1.6 * baseline.modeled_time_s
+
+
+def test_the_report_carries_the_peak_on_chip_memory_of_the_launches():
+    # matmul_loop keeps two bf16 operands (128 x 128 and 128 x 512: 1280 B per partition) and
+    # at most two 128 x 512 fp32 PSUM tiles (the next one is allocated before the last is dropped)
+    report = _modeled(matmul_loop, np.ones((128, 128), BF16), np.ones((128, 512), BF16), 3)
+    assert report.sbuf_peak_bytes == (128 + 512) * 2
+    assert report.psum_peak_bytes == 2 * 512 * 4
+    assert report.launches == 1
