@@ -66,9 +66,10 @@ class ChunkLayout:
             yield lo, self.num_chunks, steps
 
     def gather(self, x, lo, hi):
-        """Chunks ``lo .. hi`` of ``x [T + 1, H, *rest]`` (row T zero) -> ``[hi - lo, H, C, *rest]``."""
+        """Chunks ``lo .. hi`` of ``x [T + 1, H, *rest]`` (row T zero) -> float32 ``[hi - lo, H, C, *rest]``."""
         index = self.token_index[lo * self.chunk_size:hi * self.chunk_size]
-        return x[index].unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2).contiguous()
+        chunks = x[index].unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2)
+        return chunks.to(torch.float32, memory_format=torch.contiguous_format)
 
     def scatter(self, out, chunks, lo, hi):
         """Write chunks ``lo .. hi`` (``[hi - lo, H, C, D]``) into ``out [T + 1, H, D]``."""
@@ -77,5 +78,5 @@ class ChunkLayout:
 
 
 def pad_token_row(x):
-    """``[T, ...]`` -> float32 ``[T + 1, ...]`` with a zero last row, the target of padding slots."""
-    return torch.cat([x.float(), x.new_zeros((1,) + tuple(x.shape[1:]), dtype=torch.float32)])
+    """``[T, ...]`` -> ``[T + 1, ...]`` (same dtype) with a zero last row, the target of padding slots."""
+    return torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])

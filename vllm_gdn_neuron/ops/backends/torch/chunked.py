@@ -1,25 +1,30 @@
 """Chunked prefill of GDN (scalar gates) and GDN-2 (channel-wise gates), float32 throughout.
 
 Per chunk of C tokens with state S0 at its start (shared/docs/gdn-math.md, section 3), both
-variants reduce to the same five tensors, built for many chunks at once:
+variants reduce to the same tensors, built for many chunks at once:
 
     A    strictly lower C x C: how much each earlier write in the chunk changes a token's v_new
     P    lower-inclusive C x C: the intra-chunk attention of the output
-    U    = (I + A)^-1 (value side)           V' = U - W S0     (the writes actually made)
-    W    = (I + A)^-1 (decayed key side)     O  = P U + (exp(G) Q - P W) S0
-    Kd   = exp(G_C - G) K                    S1 = exp(G_C) S0 + Kd^T V'
+    U    = (I + A)^-1 (beta V)                V' = U - W S0     (the writes actually made)
+    W    = (I + A)^-1 (beta exp(G) K)         O  = P U + (exp(G) Q - P W) S0
+    Kd   = exp(G_C - G) K                     S1 = exp(G_C) S0 + Kd^T V'
 
-so the sequential part (``_scan``) is two batched matmuls per chunk step over all sequences
-and heads. Every exponent is <= 0: pairwise decays are masked to -inf above the diagonal
-before the exp; with channel-wise gates the off-diagonal sub-chunk blocks factor through a
-reference position between the two tokens, ``exp(G_r - G_s) = exp(G_r - G_ref) exp(G_ref - G_s)``
-with both factors <= 1, and the diagonal sub-chunk blocks take the pairwise exp per channel.
+so the sequential part (``_scan``) is three batched matmuls per chunk step over all sequences
+and heads. With scalar gates the row factors beta, exp(G) fold into the columns of
+``(I + A)^-1`` (C x C work instead of C x D), and under GQA the value heads of one key head
+share one matmul against that key head's K (K is never repeated).
+
+Every exponent is <= 0: pairwise decays are masked to -inf above the diagonal before the exp;
+with channel-wise gates the off-diagonal sub-chunk blocks factor through a reference position
+between the two tokens, ``exp(G_r - G_s) = exp(G_r - G_ref) exp(G_ref - G_s)`` with both
+factors <= 1, and the diagonal sub-chunk blocks take the pairwise exp per channel.
 """
 
 import torch
 
 from .chunk_layout import ChunkLayout, pad_token_row
-from .common import prepare_qk
+from .common import qk_factors
+from .triangular import unit_lower_inverse
 
 CHUNK_SIZE = 64
 #: Sub-chunk size of the GDN-2 intra-chunk matrices (diagonal blocks use a [B, B, Dk] exp).
@@ -34,50 +39,66 @@ def _masked_exp(diff, mask):
     return diff.masked_fill(mask, float("-inf")).exp()
 
 
-def _expand_heads(x, group):
-    """``[m, Hk, ...]`` -> ``[m, Hk * group, ...]``, value head h reading key head h // group."""
-    if group == 1:
-        return x
-    return x.unsqueeze(2).expand(x.shape[0], x.shape[1], group, *x.shape[2:]).flatten(1, 2)
+def _per_value_head(x, group):
+    """``[m, Hk, ...]`` -> ``[m, Hk, group, ...]`` broadcast view (no copy)."""
+    return x.unsqueeze(2).expand(x.shape[0], x.shape[1], group, *x.shape[2:])
 
 
 def _scalar_intra(q, k, v, g, beta, group):
-    """Intra-chunk tensors for scalar gates.
+    """Per-chunk tensors for scalar gates.
+
+    With d = exp(G_C - G) a per-row scalar, the state update reads diag(d) V' = Ũ - W̃ S0, so
+    ``Ũ = diag(d) U`` and ``W̃ = diag(d) W`` and the keys stay undecayed. P U and P W come from
+    ``P (I + A)^-1`` (a C x C product) stacked under those rows: one matmul against V and one
+    against K per key head.
 
     Args:
-        q, k: ``[m, Hk, C, Dk]``; v: ``[m, Hv, C, Dv]``; g, beta: ``[m, Hv, C]``.
+        q, k: ``[m, Hk, C, Dk]`` (q scaled, both normalised); v: ``[m, Hv, C, Dv]``;
+        g, beta: ``[m, Hv, C]``.
 
     Returns:
-        ``(A, P, rhs_v, rhs_k, q_decayed, Kd, chunk_decay)``, see the module docstring;
+        ``(Ũ, W̃, P W - exp(G) Q, P U, K, chunk_decay)`` for ``_scan``, each ``[m, Hv, ...]``;
         chunk_decay is ``[m, Hv, 1, 1]``.
     """
-    m, num_k_heads, size, _ = q.shape
-    cum = g.cumsum(-1)
+    m, num_k_heads, size, dim_k = q.shape
+    dim_v = v.shape[-1]
+    hv = num_k_heads * group
+    cum = g.cumsum(-1).unflatten(1, (num_k_heads, group))                      # [m, Hk, G, C]
+    beta = beta.unflatten(1, (num_k_heads, group))
     upper = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
-    decay = _masked_exp(cum[..., :, None] - cum[..., None, :], upper).unflatten(1, (num_k_heads, group))
-    kk = (k @ k.transpose(-1, -2)).unsqueeze(2)
-    qk = (q @ k.transpose(-1, -2)).unsqueeze(2)
-    a = (kk * decay).flatten(1, 2) * beta[..., :, None]
-    p = (qk * decay).flatten(1, 2)
-    k, q = _expand_heads(k, group), _expand_heads(q, group)
-    head_decay = cum.exp()[..., None]
-    beta = beta[..., None]
-    return (a, p, beta * v, beta * head_decay * k, head_decay * q, (cum[..., -1:] - cum).exp()[..., None] * k,
-            cum[..., -1].exp()[..., None, None])
+    decay = _masked_exp(cum[..., :, None] - cum[..., None, :], upper)           # [m, Hk, G, C, C]
+    k_t = k.transpose(-1, -2)
+    inverse = unit_lower_inverse((k @ k_t).unsqueeze(2) * decay * beta[..., :, None])
+    p = (q @ k_t).unsqueeze(2) * decay
+    head_decay = cum.exp()
+    to_end = (cum[..., -1:] - cum).exp()[..., :, None]
+    by_beta = inverse * beta[..., None, :]
+    by_beta_decay = inverse * (beta * head_decay)[..., None, :]
+    left_v = torch.cat([by_beta * to_end, p @ by_beta], -2)                     # [m, Hk, G, 2C, C]
+    left_k = torch.cat([by_beta_decay * to_end, p @ by_beta_decay], -2)
+    uv = (left_v @ v.unflatten(1, (num_k_heads, group))).view(m, hv, 2 * size, dim_v)
+    wk = (left_k.view(m, num_k_heads, group * 2 * size, size) @ k).view(m, num_k_heads, group, 2 * size, dim_k)
+    pw_minus_q = torch.addcmul(wk[..., size:, :], head_decay[..., None], q.unsqueeze(2), value=-1)
+    keys = k if group == 1 else _per_value_head(k, group).reshape(m, hv, size, dim_k)
+    wk = wk.view(m, hv, 2 * size, dim_k)
+    return (uv[..., :size, :], wk[..., :size, :], pw_minus_q.view(m, hv, size, dim_k), uv[..., size:, :], keys,
+            cum[..., -1].exp().view(m, hv, 1, 1))
 
 
 def _channel_intra(q, k, v, g, beta, w, group):
-    """Intra-chunk tensors for channel-wise gates (GDN-2).
+    """Per-chunk tensors for channel-wise gates (GDN-2).
 
     Args:
         q, k: ``[m, Hk, C, Dk]``; v: ``[m, Hv, C, Dv]``; g, beta: ``[m, Hv, C, Dk]``;
         w: ``[m, Hv, C, Dv]`` or None.
 
     Returns:
-        as ``_scalar_intra``, with chunk_decay ``[m, Hv, Dk, 1]``.
+        ``(U, W, P W - exp(G) Q, P U, exp(G_C - G) K, chunk_decay)`` for ``_scan``, each
+        ``[m, Hv, ...]``; chunk_decay is ``[m, Hv, Dk, 1]`` (per key channel).
     """
     size, sub = q.shape[2], SUB_CHUNK_SIZE
-    k, q = _expand_heads(k, group), _expand_heads(q, group)
+    k = _per_value_head(k, group).flatten(1, 2)
+    q = _per_value_head(q, group).flatten(1, 2)
     cum = g.cumsum(-2)
     beta_k = beta * k
     a = q.new_zeros(q.shape[:2] + (size, size))
@@ -95,51 +116,54 @@ def _channel_intra(q, k, v, g, beta, w, group):
             from_ref = (k[..., :lo, :] * (ref - cum[..., :lo, :]).exp()).transpose(-1, -2)
             a[..., rows, :lo] = (beta_k[..., rows, :] * to_ref) @ from_ref
             p[..., rows, :lo] = (q[..., rows, :] * to_ref) @ from_ref
+    inverse = unit_lower_inverse(a)
     head_decay = cum.exp()
-    return (a, p, v if w is None else w * v, head_decay * beta_k, head_decay * q,
+    u = inverse @ (v if w is None else w * v)
+    w_keys = inverse @ (head_decay * beta_k)
+    return (u, w_keys, torch.addcmul(p @ w_keys, head_decay, q, value=-1), p @ u,
             (cum[..., -1:, :] - cum).exp() * k, cum[..., -1, :].exp()[..., None])
 
 
-def _solve(a, p, rhs_v, rhs_k, q_decayed):
-    """``U, W = (I + strict_lower(A))^-1 [rhs_v | rhs_k]``; returns U, [W; exp(G) Q - P W], P U."""
-    solved = torch.linalg.solve_triangular(a, torch.cat([rhs_v, rhs_k], -1), upper=False, unitriangular=True)
-    u, w = solved.split([rhs_v.shape[-1], rhs_k.shape[-1]], -1)
-    return u, torch.cat([w, q_decayed - p @ w], -2), p @ u
+def _scan(state, steps, lo, u, w, pw_minus_q, out, keys, chunk_decay):
+    """Advance the ranked states through the block's chunk steps.
 
-
-def _scan(state, steps, lo, u, w_q, out, k_decayed, chunk_decay):
-    """Advance the ranked states through the block's chunk steps; ``out`` (= P U) gains P' S0."""
-    size = u.shape[2]
+    Per step: ``written = u - w S0``; ``out -= (P W - exp(G) Q) S0`` (``out`` holds P U);
+    ``S1 = chunk_decay * S0 + keys^T written``. All operands are views, updated in place.
+    """
+    heads, size, dim_k, dim_v = u.shape[1], u.shape[2], w.shape[3], u.shape[3]
     for offset, active in steps:
         chunks = slice(offset - lo, offset - lo + active)
-        s = state[:active]
-        read = w_q[chunks] @ s
-        written = u[chunks] - read[:, :, :size]
-        out[chunks] += read[:, :, size:]
-        state[:active] = chunk_decay[chunks] * s + k_decayed[chunks].transpose(-1, -2) @ written
+        flat = (active * heads,)
+        s = state[:active].view(flat + (dim_k, dim_v))
+        written = torch.baddbmm(u[chunks].reshape(flat + (size, dim_v)), w[chunks].reshape(flat + (size, dim_k)), s,
+                                alpha=-1)
+        out[chunks].view(flat + (size, dim_v)).baddbmm_(pw_minus_q[chunks].reshape(flat + (size, dim_k)), s,
+                                                         alpha=-1)
+        s.view(active, heads, dim_k, dim_v).mul_(chunk_decay[chunks])
+        s.baddbmm_(keys[chunks].reshape(flat + (size, dim_k)).transpose(1, 2), written)
 
 
 def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, block_chunks):
-    """Shared driver: pack into chunks, build intra-chunk tensors per block, scan, unpack."""
+    """Shared driver: pack into chunks, build per-chunk tensors per block, scan, unpack."""
     num_v_heads, dim_v, dim_k = v.shape[1], v.shape[2], q.shape[2]
     group = num_v_heads // q.shape[1]
-    q, k = prepare_qk(q, k, scale, use_qk_l2norm)
     layout = ChunkLayout(cu_seqlens, CHUNK_SIZE, q.device)
     rows = [pad_token_row(x) for x in (q, k, v)]
     gate_rows = [None if x is None else pad_token_row(x) for x in gates]
     num_seqs = cu_seqlens.numel() - 1
     if initial_state is None:
-        state = q.new_zeros(num_seqs, num_v_heads, dim_k, dim_v)
+        state = v.new_zeros(num_seqs, num_v_heads, dim_k, dim_v, dtype=torch.float32)
     else:
-        state = initial_state.index_select(0, layout.order).float()
-    out = q.new_empty(layout.num_tokens + 1, num_v_heads, dim_v, dtype=v.dtype)
+        state = initial_state.index_select(0, layout.order).float().contiguous()
+    out = v.new_empty(layout.num_tokens + 1, num_v_heads, dim_v)
     for lo, hi, steps in layout.blocks(block_chunks):
         chunk_q, chunk_k, chunk_v = (layout.gather(x, lo, hi) for x in rows)
+        chunk_q.mul_(qk_factors(chunk_q, scale, use_qk_l2norm))
+        if use_qk_l2norm:
+            chunk_k.mul_(qk_factors(chunk_k, 1.0, True))
         chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gate_rows]
-        a, p, rhs_v, rhs_k, q_decayed, k_decayed, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates,
-                                                                      group)
-        u, w_q, o = _solve(a, p, rhs_v, rhs_k, q_decayed)
-        _scan(state, steps, lo, u, w_q, o, k_decayed, chunk_decay)
+        u, w, pw_minus_q, o, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
+        _scan(state, steps, lo, u, w, pw_minus_q, o, keys, chunk_decay)
         layout.scatter(out, o, lo, hi)
     final_state = torch.empty_like(state)
     final_state[layout.order] = state

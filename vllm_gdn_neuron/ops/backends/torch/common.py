@@ -5,14 +5,15 @@ import torch
 from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
 
 
-def l2norm(x):
-    """``x * rsqrt(sum(x^2) + 1e-6)`` over the last axis, float32 in, float32 out."""
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+def qk_factors(x, scale, use_qk_l2norm):
+    """The per-row factor that L2-normalises (if asked) and scales float32 ``x [..., D]``: ``[..., 1]``."""
+    if not use_qk_l2norm:
+        return torch.full_like(x[..., :1], scale)
+    squares = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_()
+    return squares.add_(L2NORM_EPS).rsqrt_().mul_(scale)
 
 
 def prepare_qk(q, k, scale, use_qk_l2norm):
     """q and k in float32, L2-normalised if asked, q multiplied by the scale."""
     q, k = q.float(), k.float()
-    if use_qk_l2norm:
-        q, k = l2norm(q), l2norm(k)
-    return q * scale, k
+    return q * qk_factors(q, scale, use_qk_l2norm), k * qk_factors(k, 1.0, use_qk_l2norm)
