@@ -9,38 +9,51 @@ size doubling 1, 2, 4, ...: ``T <- T - T (A * M_j) T`` at level ``j`` with the l
 import numpy as np
 
 from . import tiles as tl
-from .mask_pack import LEVEL_MASK, N_MASKS
+from .mask_pack import N_MASKS
 from .nki_compat import nisa, nl
 
 
 def load_masks(mask_pack, chunk):
-    """The mask pack's top-left ``chunk x chunk`` corners as one SBUF tile ``[chunk, N_MASKS, chunk]``."""
+    """The mask pack's top-left ``chunk x chunk`` corners as one SBUF tile ``[chunk, N_MASKS, chunk]``.
+
+    One DMA: element ``(p, plane, f)`` of the tile is ``mask_pack[plane, p, f]``.
+    """
+    full = mask_pack.shape[1]
     masks = tl.sbuf((chunk, N_MASKS, chunk))
-    for plane in range(N_MASKS):
-        nisa.dma_copy(dst=masks[:, plane, :], src=mask_pack[plane, 0:chunk, 0:chunk])
+    nisa.dma_copy(dst=masks, src=mask_pack.ap(pattern=[[full, chunk], [full * full, N_MASKS], [1, chunk]]))
     return masks
 
 
-def schur_levels(chunks, masks, first_level, chunk):
+def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
     """Blocked Schur complement, level-major over ``chunks``: ``T <- T - T (A * M_j) T``.
 
     Each element of ``chunks`` carries ``e_t`` (``E^T``: ``[C, C]`` fp32, strictly causal,
     orientation ``[s, r]``), ``beta`` (``[C, 1]``, ``A = diag(beta) E``) and ``t`` / ``t_t``
     (the block-diagonal inverse reached before ``first_level`` and its transpose; the
     identity to start). Leaves ``T^T`` in ``ch.t_t``; the level-major order lets one chunk's
-    dependency chain hide behind the others'. ``Y = diag(beta) (E * M_j) T``; ``T Y`` and ``Y^T T^T``; the
-    last level skips ``T Y`` (only ``T^T`` is used afterwards).
+    dependency chain hide behind the others'. ``Y = diag(beta) (E * M_j) T`` (the beta rows
+    on ScalarE); ``T Y`` and ``Y^T T^T``; the last level skips ``T Y`` (only ``T^T`` is used
+    afterwards).
+
+    ``dtype`` is the operand dtype of the level matmuls and the storage dtype of ``T`` /
+    ``T^T`` / ``Y``. Storing ``T`` narrow rounds each entry once only: a level writes new
+    blocks, disjoint from the ones it reads, so nothing accumulates across levels.
     """
     last = int(np.log2(chunk)) - 1
-    for level in range(first_level, last + 1):
-        level_mask = masks[:, LEVEL_MASK[level], :]
-        for ch in chunks:
-            y = tl.scalar(tl.matmul(tl.binary(ch.e_t, level_mask, nl.multiply), ch.t), nl.multiply, ch.beta)
-            if level < last:
-                ch.t = tl.binary(ch.t, tl.matmul(ch.t_t, y), nl.subtract)
-            ch.t_t = tl.binary(ch.t_t, tl.matmul(y, ch.t_t), nl.subtract)
+    levels = last + 1 - first_level
     for ch in chunks:
-        ch.t = None
+        # every level's blocks of E in one instruction: E^T broadcast over the level axis
+        e_levels = ch.e_t.ap(pattern=[[chunk, chunk], [0, levels], [1, chunk]])
+        ch.e_t = tl.binary(e_levels, masks[:, first_level:last + 1, :], nl.multiply, dtype=dtype)
+    for level in range(first_level, last + 1):
+        for ch in chunks:
+            masked = ch.e_t[:, level - first_level, :]
+            y = tl.scaled_copy(tl.matmul(masked, ch.t), scale=ch.beta, dtype=dtype)
+            if level < last:
+                ch.t = tl.binary(ch.t, tl.matmul(ch.t_t, y), nl.subtract, dtype=dtype)
+            ch.t_t = tl.binary(ch.t_t, tl.matmul(y, ch.t_t), nl.subtract, dtype=dtype)
+    for ch in chunks:
+        ch.t = ch.e_t = None
 
 
 def advance(ch, state, scale, cdt, out_dtype):
@@ -60,7 +73,7 @@ def advance(ch, state, scale, cdt, out_dtype):
         v_new = tl.binary(ch.u, tl.matmul(ch.w_t, s_c), nl.subtract)
         o = tl.matmul(ch.q_g_t, s_c)
         tl.matmul_accumulate(o, ch.p_t, v_new)
-    out = tl.scalar(o, nl.multiply, scale, dtype=out_dtype)
+    out = tl.scaled_copy(o, scale, dtype=out_dtype)
     update = tl.matmul(ch.k_decay, v_new)
     if state is None:
         return out, tl.copy(update)

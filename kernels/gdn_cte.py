@@ -10,8 +10,9 @@ Per value head ``h`` (key head ``h // (Hv // Hk)``) and chunk of ``C`` tokens, o
    large cumsums, never the exp of a positive number);
 2. ``E^T = (K K^T) * D^T`` strictly causal, ``P^T = (K Q^T) * D^T`` causal;
 3. ``T^T = ((I + diag(beta) E)^-1)^T``: "schur" (C = 128) runs the blocked Schur complement
-   level-major over ``group_size`` chunks; "neumann" (C = 64) Neumann products on the 16 x 16
-   diagonal blocks, then two Schur levels between them;
+   level-major over ``group_size`` chunks, its level matmuls in the compute dtype; "neumann"
+   (C = 64) Neumann products on the 16 x 16 diagonal blocks, then two Schur levels between
+   them, all in fp32 (powers of A grow without bound on correlated keys);
 4. ``U = T (beta V)``, ``W^T = (beta e^G K)^T T^T``;
 5. sequential over chunks: ``V' = U - W S``, ``O = scale (e^G Q S + P V')``,
    ``S <- e^{G_C} S + (e^{G_C - G} K)^T V'``.
@@ -56,18 +57,18 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     g_up = tl.scalar(upper, nl.multiply, g)                                    # [t, r] g_t [t <= r]
     decay_t = tl.activation(tl.matmul(masks[:, STRICT_LOWER, :], g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
     g_cum = tl.copy(tl.matmul(upper, g))                                       # [C, 1]  G_s
-    g_rows = tl.copy(tl.matmul(ones, g_up))                                    # [C, C]  G_r on every row
+    g_rows = tl.scaled_copy(tl.matmul(ones, g_up))                             # [max(C, Dk), C]  G_r per row
     ch.e_t = tl.binary(tl.matmul(k_t, k_t), tl.binary(decay_t, masks[:, STRICT_UPPER, :], nl.multiply),
                        nl.multiply)
     ch.p_t = tl.binary(tl.matmul(k_t, q_t), tl.binary(decay_t, upper, nl.multiply), nl.multiply)
 
     e_g = tl.activation(g_cum, nl.exp)
-    ch.k_decay = tl.scalar(k, nl.multiply, decay_t[:, chunk - 1:chunk])       # e^{G_C - G_s} k_s
-    ch.kb = tl.scalar(k, nl.multiply, tl.binary(ch.beta, e_g, nl.multiply), dtype=cdt)
-    ch.bv = tl.scalar(v, nl.multiply, ch.beta, dtype=cdt)
+    ch.k_decay = tl.scaled_copy(k, decay_t[:, chunk - 1:chunk])                # e^{G_C - G_s} k_s
+    ch.kb = tl.scaled_copy(k, tl.binary(ch.beta, e_g, nl.multiply), dtype=cdt)
+    ch.bv = tl.scaled_copy(v, ch.beta, dtype=cdt)
     ch.q_g_t = tl.binary(q_t, tl.activation(g_rows[0:dk, :], nl.exp), nl.multiply, dtype=cdt)
     ch.state_decay = tl.activation(g_rows[0:dk, chunk - 1:chunk], nl.exp)     # [Dk, 1]  e^{G_C}
-    ch.t = ch.t_t = masks[:, IDENTITY, :]
+    ch.t = ch.t_t = tl.copy(masks[:, IDENTITY, :], cdt) if cdt != nl.float32 else masks[:, IDENTITY, :]
     return ch
 
 
@@ -95,9 +96,9 @@ def _neumann_blocks(ch, masks):
 
 def _finish_chunk(ch, cdt):
     """``U = T (beta V)`` (fp32) and ``W^T`` (compute dtype) from ``T^T``."""
-    t_t = ch.t_t if cdt == nl.float32 else tl.copy(ch.t_t, cdt)
-    ch.u = tl.copy(tl.matmul(t_t, ch.bv))
-    ch.w_t = tl.copy(tl.matmul(ch.kb, t_t), cdt)
+    t_t = ch.t_t if ch.t_t.dtype == cdt else tl.copy(ch.t_t, cdt)
+    ch.u = tl.scaled_copy(tl.matmul(t_t, ch.bv))
+    ch.w_t = tl.scaled_copy(tl.matmul(ch.kb, t_t), dtype=cdt)
     ch.t_t = ch.bv = ch.kb = None
 
 
@@ -122,7 +123,7 @@ def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=No
     if final is None:
         final = nl.ndarray((b_size, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
     masks = load_masks(mask_pack, chunk)
-    ones = tl.filled((chunk, chunk), 1.0)
+    ones = tl.filled((chunk, max(chunk, dk)), 1.0)  # G_r broadcast onto max(C, Dk) partitions
     for b in range(b_size):
         for h in range(hv_size):
             state = None if recurrent_state is None else tl.load(recurrent_state[b, h])
@@ -133,7 +134,7 @@ def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=No
                     for c in range(first, min(first + group, n_chunks))
                 ]
                 if algorithm == "schur":
-                    schur_levels(chunks, masks, 0, chunk)
+                    schur_levels(chunks, masks, 0, chunk, cdt)
                 else:
                     _neumann_blocks(chunks[0], masks)
                     schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)

@@ -7,9 +7,9 @@ oracle: both are tested against ``vllm_gdn_neuron.kernels.reference``.
 
 ``_mm(stationary, moving)`` models ``nisa.nc_matmul``: ``stationary^T @ moving`` with the
 operands rounded to the compute dtype and fp32 accumulation. Operand precision, as in the
-kernel: q/k/v, ``T^T`` (for U and W) and the state (for ``W S`` and ``Q S``) in the compute
-dtype; the inverse and the corrected values ``V'`` with the two matmuls that consume them in
-fp32 (``V'`` is amplified by ``T`` on correlated keys: bf16 there misses the 2e-2 tolerance). Orientation ``[s, r]`` means
+kernel: q/k/v, the schur levels, ``T^T`` (for U and W) and the state (for ``W S`` and
+``Q S``) in the compute dtype; neumann's inverse and the corrected values ``V'`` with the two
+matmuls that consume them in fp32 (``V'`` is amplified by ``T`` on correlated keys: bf16 there misses the 2e-2 tolerance). Orientation ``[s, r]`` means
 source token on the partition axis, destination token on the free axis (see mask_pack.py).
 """
 
@@ -48,7 +48,7 @@ def chunk_gates(g, pack):
     return G, torch.exp(_mm(strict_lower, upper * g[:, None]))
 
 
-def schur_inverse_t(e_t, beta, pack, first_level=0, t=None, t_t=None):
+def schur_inverse_t(e_t, beta, pack, first_level=0, t=None, t_t=None, dtype=torch.float32):
     """``T^T = ((I + A)^-1)^T`` by the blocked Schur complement, block size doubling.
 
     Args:
@@ -57,6 +57,7 @@ def schur_inverse_t(e_t, beta, pack, first_level=0, t=None, t_t=None):
         pack: the mask pack (top-left ``C x C`` corner used).
         first_level: first level to run (neumann starts at 4, after its 16 x 16 blocks).
         t, t_t: the block-diagonal inverse reached so far and its transpose (identity if None).
+        dtype: operand dtype of the level matmuls (the kernel's compute dtype for "schur").
 
     Returns:
         ``[C, C]`` fp32 ``T^T``.
@@ -71,10 +72,10 @@ def schur_inverse_t(e_t, beta, pack, first_level=0, t=None, t_t=None):
     t_t = eye.clone() if t_t is None else t_t
     last = (c.bit_length() - 1) - 1
     for j in range(first_level, last + 1):
-        y = beta[:, None] * _mm(e_t * pack[LEVEL_MASK[j], :c, :c], t)
+        y = (beta[:, None] * _mm(e_t * pack[LEVEL_MASK[j], :c, :c], t, dtype)).to(dtype).float()
         if j < last:
-            t = t - _mm(t_t, y)
-        t_t = t_t - _mm(y, t_t)
+            t = t - _mm(t_t, y, dtype)
+        t_t = t_t - _mm(y, t_t, dtype)
     return t_t
 
 
@@ -131,7 +132,6 @@ def gdn_cte_torch(query, key, value, g_log, beta, scale=1.0, algorithm="schur", 
     cdt = query.dtype
     pack = torch.as_tensor(build_mask_pack() if mask_pack is None else mask_pack, dtype=torch.float32)
     chunk = CHUNK if algorithm == "schur" else NEUMANN_CHUNK
-    inverse_t = schur_inverse_t if algorithm == "schur" else neumann_inverse_t
     b_size, hk, s_len, dk = query.shape
     hv, dv = value.shape[1], value.shape[3]
     ratio = hv // hk
@@ -147,7 +147,10 @@ def gdn_cte_torch(query, key, value, g_log, beta, scale=1.0, algorithm="schur", 
                 gl, bt = g_log[b, h, rows].float(), beta[b, h, rows].float()
                 G, decay_t = chunk_gates(gl, pack)
                 e_t = _mm(k.T, k.T, cdt) * decay_t * strict
-                t_t = inverse_t(e_t, bt, pack)
+                if algorithm == "schur":
+                    t_t = schur_inverse_t(e_t, bt, pack, dtype=cdt)
+                else:
+                    t_t = neumann_inverse_t(e_t, bt, pack)
                 u = _mm(t_t, bt[:, None] * v.float(), cdt)
                 w_t = _mm((bt * torch.exp(G))[:, None] * k.float(), t_t, cdt)
                 v_new = u - _mm(w_t, state, cdt)

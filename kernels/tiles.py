@@ -49,11 +49,19 @@ def copy(src, dtype=nl.float32):
     return dst
 
 
+def scaled_copy(src, scale=1.0, dtype=nl.float32):
+    """``src * scale`` into a fresh SBUF tile on ScalarE (``scale`` a scalar or ``[P, 1]`` column).
+
+    The ScalarE twin of ``copy`` / a column ``scalar`` multiply, to balance VectorE and ScalarE.
+    """
+    return activation(src, nl.copy, scale=scale, dtype=dtype)
+
+
 def transpose(src, dtype=nl.float32):
-    """``src[P, F]^T`` as a fresh ``[F, P]`` SBUF tile (TensorE transpose through PSUM)."""
+    """``src[P, F]^T`` as a fresh ``[F, P]`` SBUF tile (TensorE transpose, ScalarE evacuation)."""
     staged = nl.ndarray((src.shape[1], src.shape[0]), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=staged, data=src)
-    return copy(staged, dtype)
+    return scaled_copy(staged, dtype=dtype)
 
 
 def binary(a, b, op, dtype=nl.float32):

@@ -52,7 +52,8 @@ def test_schur_group_sizes_and_lengths(group_size, s):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("shape", [(1, 1, 1, 64, 32, 32), (2, 2, 2, 192, 16, 48), (1, 3, 3, 128, 48, 16)],
+@pytest.mark.parametrize("shape", [(1, 1, 1, 64, 32, 32), (2, 2, 2, 192, 16, 48), (1, 3, 3, 128, 48, 16),
+                                   (1, 1, 1, 64, 128, 96)],
                          ids=lambda s: "B{}-H{}-S{}-Dk{}-Dv{}".format(s[0], s[1], *s[3:]))
 def test_neumann_matches_reference(shape, dtype):
     b, hk, hv, s, dk, dv = shape
