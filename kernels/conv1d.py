@@ -10,6 +10,10 @@ inputs before it (from the incoming conv state for the first tile, zeros without
 and one fused VectorE multiply-add (``scalar_tensor_tensor``) per further tap, then the
 activation on ScalarE. The new conv state is the last ``K`` columns of the extended input
 (for a sequence shorter than ``K``, the tail of the incoming state stays in front).
+
+Decode packs ``m`` consecutive channels per partition (``decode_packing``) so that the
+``[C, K]`` state of a sequence moves as one contiguous run per partition; the window shift
+runs on GpSimd, the ``K``-tap dot product on VectorE, the activation on ScalarE.
 """
 
 from . import tiles as tl
@@ -41,23 +45,38 @@ def conv1d_prefill_kernel(mixed, conv_weight, conv_state=None, activation="silu"
     halo = width - 1
     out = nl.ndarray((b_size, channels, t_len), dtype=mixed.dtype, buffer=nl.shared_hbm)
     new_state = nl.ndarray((b_size, channels, width), dtype=nl.float32, buffer=nl.shared_hbm)
+    # raw inputs stay in their own dtype on chip (half the DMA bytes for bf16); an incoming
+    # state of a wider dtype widens the tile so the state passes through exactly
+    x_dtype = mixed.dtype if conv_state is None or conv_state.dtype == mixed.dtype else nl.float32
     for c0 in range(0, channels, PARTITIONS):
         rows = nl.ds(c0, min(PARTITIONS, channels - c0))
         weight = tl.load(conv_weight[rows, :], nl.float32)
         for b in range(b_size):
             for t0 in range(0, t_len, TIME_TILE):
                 length = min(TIME_TILE, t_len - t0)
-                x_ext = tl.sbuf((rows.size, halo + length))
+                x_ext = tl.sbuf((rows.size, halo + length), x_dtype)
                 if halo and t0 > 0:
                     nisa.dma_copy(dst=x_ext[:, 0:halo], src=mixed[b, rows, t0 - halo:t0])
                 elif halo and conv_state is not None:
                     nisa.dma_copy(dst=x_ext[:, 0:halo], src=conv_state[b, rows, 1:width])
                 elif halo:
-                    nisa.memset(dst=x_ext[:, 0:halo], value=0.0)
+                    nisa.memset(dst=x_ext[:, 0:halo], value=0.0, engine=nisa.engine.gpsimd)
                 nisa.dma_copy(dst=x_ext[:, halo:halo + length], src=mixed[b, rows, t0:t0 + length])
                 tl.store(out[b, rows, t0:t0 + length], _activate(_taps(x_ext, weight, length), activation, mixed.dtype))
             tl.store(new_state[b, rows, :], x_ext[:, length - 1:length - 1 + width])
     return out, new_state
+
+
+def decode_packing(channels):
+    """``(P, m)``: ``m`` consecutive channels per partition on ``P = channels / m <= 128`` partitions.
+
+    Packing channels makes each partition's slice of a ``[C, K]`` conv state one contiguous run
+    of ``m * K`` elements, instead of a ``K``-element (e.g. 16-byte) DMA descriptor per channel.
+    """
+    m = -(-channels // PARTITIONS)
+    while channels % m:
+        m += 1
+    return channels // m, m
 
 
 @nki.jit
@@ -65,19 +84,20 @@ def conv1d_decode_kernel(x, conv_state, conv_weight, activation="silu"):
     """The NKI kernel behind :func:`gdn_conv1d_decode` (arguments already checked)."""
     b_size, channels, _ = x.shape
     width = conv_weight.shape[1]
+    parts, per = decode_packing(channels)
     out = nl.ndarray((b_size, channels, 1), dtype=x.dtype, buffer=nl.shared_hbm)
     new_state = nl.ndarray((b_size, channels, width), dtype=conv_state.dtype, buffer=nl.shared_hbm)
-    for c0 in range(0, channels, PARTITIONS):
-        rows = nl.ds(c0, min(PARTITIONS, channels - c0))
-        weight = tl.load(conv_weight[rows, :], nl.float32)
-        for b in range(b_size):
-            window = tl.sbuf((rows.size, width))
-            if width > 1:
-                nisa.dma_copy(dst=window[:, 0:width - 1], src=conv_state[b, rows, 1:width])
-            nisa.dma_copy(dst=window[:, width - 1:width], src=x[b, rows, :])
-            acc = tl.reduce(tl.binary(window, weight, nl.multiply), nl.add, axis=1)
-            tl.store(out[b, rows, :], _activate(acc, activation, x.dtype))
-            tl.store(new_state[b, rows, :], window)
+    weight = tl.load(conv_weight.reshape((parts, per * width)), nl.float32).reshape((parts, per, width))
+    for b in range(b_size):
+        state = tl.load(conv_state[b].reshape((parts, per * width))).reshape((parts, per, width))
+        window = tl.sbuf((parts, per, width), conv_state.dtype)
+        if width > 1:
+            nisa.tensor_copy(dst=window[:, :, 0:width - 1], src=state[:, :, 1:width], engine=nisa.engine.gpsimd)
+        newest = tl.load(x[b].reshape((parts, per, 1)))  # contiguous on both sides: one run per partition
+        nisa.tensor_copy(dst=window[:, :, width - 1:width], src=newest, engine=nisa.engine.gpsimd)
+        acc = tl.reduce(tl.binary(window, weight, nl.multiply), nl.add, axis=2)
+        tl.store(out[b].reshape((parts, per, 1)), _activate(acc, activation, x.dtype))
+        tl.store(new_state[b].reshape((parts, per * width)), window.reshape((parts, per * width)))
     return out, new_state
 
 
