@@ -24,19 +24,33 @@ def load_masks(mask_pack, chunk):
     return masks
 
 
+def half_columns(tile, block, odd):
+    """The columns of the ``[C, C]`` root tile whose bit ``log2(block)`` is ``odd``, as ``[C, C / 2b, b]``.
+
+    At the level with block size ``b``, the upper (lower) half of every ``2b`` pair of blocks.
+    """
+    chunk = tile.shape[0]
+    pairs = tile.shape[1] // (2 * block)
+    return tile.ap(pattern=[[tile.shape[1], chunk], [2 * block, pairs], [1, block]], offset=block if odd else 0)
+
+
 def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
     """Blocked Schur complement, level-major over ``chunks``: ``T <- T - T (A * M_j) T``.
 
     Each element of ``chunks`` carries ``e_t`` (``E^T``: ``[C, C]`` fp32, strictly causal,
     orientation ``[s, r]``), ``beta`` (``[C, 1]``, ``A = diag(beta) E``) and ``t`` / ``t_t``
-    (the block-diagonal inverse reached before ``first_level`` and its transpose; the
-    identity to start). Leaves ``T^T`` in ``ch.t_t``; the level-major order lets one chunk's
-    dependency chain hide behind the others'. ``Y = diag(beta) (E * M_j) T`` (the beta rows
-    on ScalarE); ``T Y`` and ``Y^T T^T``; the last level skips ``T Y`` (only ``T^T`` is used
-    afterwards).
+    (root ``[C, C]`` tiles in ``dtype``: the block-diagonal inverse reached before
+    ``first_level`` and its transpose; the identity to start). They are updated in place and
+    ``T^T`` is left in ``ch.t_t``; the level-major order lets one chunk's dependency chain hide
+    behind the others'.
+
+    Level ``j`` (block ``b = 2**j``): ``Y = diag(beta) (E * M_j) T``, ``T -= T Y``,
+    ``T^T -= Y^T T^T``. ``Y`` and ``T Y`` live in the columns whose bit ``j`` is 0 and
+    ``Y^T T^T`` in those whose bit ``j`` is 1, so every matmul streams half the columns
+    (``half_columns``); the last level skips ``T Y`` (only ``T^T`` is used afterwards).
 
     ``dtype`` is the operand dtype of the level matmuls and the storage dtype of ``T`` /
-    ``T^T`` / ``Y``. Storing ``T`` narrow rounds each entry once only: a level writes new
+    ``T^T`` / ``Y``. Storing them narrow rounds each entry once only: a level writes new
     blocks, disjoint from the ones it reads, so nothing accumulates across levels.
     """
     last = int(np.log2(chunk)) - 1
@@ -46,12 +60,18 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
         e_levels = ch.e_t.ap(pattern=[[chunk, chunk], [0, levels], [1, chunk]])
         ch.e_t = tl.binary(e_levels, masks[:, first_level:last + 1, :], nl.multiply, dtype=dtype)
     for level in range(first_level, last + 1):
+        block = 2**level
         for ch in chunks:
-            masked = ch.e_t[:, level - first_level, :]
-            y = tl.scaled_copy(tl.matmul(masked, ch.t), scale=ch.beta, dtype=dtype)
+            y = tl.sbuf((chunk, chunk), dtype)
+            nisa.memset(dst=half_columns(y, block, odd=True), value=0.0, engine=nisa.engine.gpsimd)
+            y_even = half_columns(y, block, odd=False)
+            products = tl.matmul(ch.e_t[:, level - first_level, :], half_columns(ch.t, block, odd=False))
+            nisa.activation(dst=y_even, op=nl.copy, data=products, scale=ch.beta)
             if level < last:
-                ch.t = tl.binary(ch.t, tl.matmul(ch.t_t, y), nl.subtract, dtype=dtype)
-            ch.t_t = tl.binary(ch.t_t, tl.matmul(y, ch.t_t), nl.subtract, dtype=dtype)
+                t_even = half_columns(ch.t, block, odd=False)
+                nisa.tensor_tensor(dst=t_even, data1=t_even, data2=tl.matmul(ch.t_t, y_even), op=nl.subtract)
+            t_t_odd = half_columns(ch.t_t, block, odd=True)
+            nisa.tensor_tensor(dst=t_t_odd, data1=t_t_odd, data2=tl.matmul(y, t_t_odd), op=nl.subtract)
     for ch in chunks:
         ch.t = ch.e_t = None
 

@@ -29,9 +29,20 @@ def store(dst, src):
     nisa.dma_copy(dst=dst, src=src)
 
 
+def free_size(tile):
+    """Elements per partition of ``tile`` (the product of its free axes)."""
+    size = 1
+    for n in tile.shape[1:]:
+        size *= n
+    return size
+
+
 def matmul(stationary, moving):
-    """``stationary[K, M]^T @ moving[K, N]`` into a fresh ``[M, N]`` fp32 PSUM tile (TensorE)."""
-    dst = nl.ndarray((stationary.shape[1], moving.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    """``stationary[K, M]^T @ moving[K, N]`` into a fresh ``[M, N]`` fp32 PSUM tile (TensorE).
+
+    ``moving`` may have several free axes (a strided view); ``N`` is their product.
+    """
+    dst = nl.ndarray((stationary.shape[1], free_size(moving)), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst, stationary, moving)
     return dst
 
@@ -42,10 +53,13 @@ def matmul_accumulate(dst, stationary, moving):
     return dst
 
 
-def copy(src, dtype=nl.float32):
-    """``src`` (SBUF or PSUM) copied into a fresh SBUF tile of ``dtype``."""
+def copy(src, dtype=nl.float32, engine=None):
+    """``src`` (SBUF or PSUM) copied into a fresh SBUF tile of ``dtype`` (VectorE unless ``engine``)."""
     dst = sbuf(src.shape, dtype)
-    nisa.tensor_copy(dst=dst, src=src)
+    if engine is None:
+        nisa.tensor_copy(dst=dst, src=src)
+    else:
+        nisa.tensor_copy(dst=dst, src=src, engine=engine)
     return dst
 
 
