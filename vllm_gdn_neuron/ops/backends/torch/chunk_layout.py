@@ -69,7 +69,7 @@ class ChunkLayout:
         """Chunks ``lo .. hi`` of ``x [T + 1, H, *rest]`` (row T zero) -> float32 ``[hi - lo, H, C, *rest]``."""
         index = self.token_index[lo * self.chunk_size:hi * self.chunk_size]
         chunks = x[index].unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2)
-        return chunks.to(torch.float32, memory_format=torch.contiguous_format)
+        return torch.empty(chunks.shape, dtype=torch.float32, device=chunks.device).copy_(chunks)
 
     def scatter(self, out, chunks, lo, hi):
         """Write chunks ``lo .. hi`` (``[hi - lo, H, C, D]``) into ``out [T + 1, H, D]``."""

@@ -49,8 +49,8 @@ def _scalar_intra(q, k, v, g, beta, group):
 
     With d = exp(G_C - G) a per-row scalar, the state update reads diag(d) V' = Ũ - W̃ S0, so
     ``Ũ = diag(d) U`` and ``W̃ = diag(d) W`` and the keys stay undecayed. P U and P W come from
-    ``P (I + A)^-1`` (a C x C product) stacked under those rows: one matmul against V and one
-    against K per key head.
+    ``P (I + A)^-1`` (a C x C product). Under GQA the value heads of one key head multiply its K
+    in one matmul, their C x C factors stacked along the rows.
 
     Args:
         q, k: ``[m, Hk, C, Dk]`` (q scaled, both normalised); v: ``[m, Hv, C, Dv]``;
@@ -74,15 +74,18 @@ def _scalar_intra(q, k, v, g, beta, group):
     to_end = (cum[..., -1:] - cum).exp()[..., :, None]
     by_beta = inverse * beta[..., None, :]
     by_beta_decay = inverse * (beta * head_decay)[..., None, :]
-    left_v = torch.cat([by_beta * to_end, p @ by_beta], -2)                     # [m, Hk, G, 2C, C]
-    left_k = torch.cat([by_beta_decay * to_end, p @ by_beta_decay], -2)
-    uv = (left_v @ v.unflatten(1, (num_k_heads, group))).view(m, hv, 2 * size, dim_v)
-    wk = (left_k.view(m, num_k_heads, group * 2 * size, size) @ k).view(m, num_k_heads, group, 2 * size, dim_k)
-    pw_minus_q = torch.addcmul(wk[..., size:, :], head_decay[..., None], q.unsqueeze(2), value=-1)
-    keys = k if group == 1 else _per_value_head(k, group).reshape(m, hv, size, dim_k)
-    wk = wk.view(m, hv, 2 * size, dim_k)
-    return (uv[..., :size, :], wk[..., :size, :], pw_minus_q.view(m, hv, size, dim_k), uv[..., size:, :], keys,
-            cum[..., -1].exp().view(m, hv, 1, 1))
+    grouped_v = v.unflatten(1, (num_k_heads, group))
+
+    def against_keys(left):  # [m, Hk, G, C, C] @ K of the key head, one matmul per key head
+        return (left.view(m, num_k_heads, group * size, size) @ k).view(m, hv, size, dim_k)
+
+    u = ((by_beta * to_end) @ grouped_v).view(m, hv, size, dim_v)
+    pu = ((p @ by_beta) @ grouped_v).view(m, hv, size, dim_v)
+    w = against_keys(by_beta_decay * to_end)
+    pw = against_keys(p @ by_beta_decay).view(m, num_k_heads, group, size, dim_k)
+    pw_minus_q = torch.addcmul(pw, head_decay[..., None], q.unsqueeze(2), value=-1).view(m, hv, size, dim_k)
+    keys = k if group == 1 else k.repeat_interleave(group, dim=1)
+    return u, w, pw_minus_q, pu, keys, cum[..., -1].exp().view(m, hv, 1, 1)
 
 
 def _channel_intra(q, k, v, g, beta, w, group):
@@ -135,12 +138,11 @@ def _scan(state, steps, lo, u, w, pw_minus_q, out, keys, chunk_decay):
         chunks = slice(offset - lo, offset - lo + active)
         flat = (active * heads,)
         s = state[:active].view(flat + (dim_k, dim_v))
-        written = torch.baddbmm(u[chunks].reshape(flat + (size, dim_v)), w[chunks].reshape(flat + (size, dim_k)), s,
+        written = torch.baddbmm(u[chunks].view(flat + (size, dim_v)), w[chunks].view(flat + (size, dim_k)), s,
                                 alpha=-1)
-        out[chunks].view(flat + (size, dim_v)).baddbmm_(pw_minus_q[chunks].reshape(flat + (size, dim_k)), s,
-                                                         alpha=-1)
+        out[chunks].view(flat + (size, dim_v)).baddbmm_(pw_minus_q[chunks].view(flat + (size, dim_k)), s, alpha=-1)
         s.view(active, heads, dim_k, dim_v).mul_(chunk_decay[chunks])
-        s.baddbmm_(keys[chunks].reshape(flat + (size, dim_k)).transpose(1, 2), written)
+        s.baddbmm_(keys[chunks].view(flat + (size, dim_k)).transpose(1, 2), written)
 
 
 def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, block_chunks):
