@@ -48,21 +48,28 @@ def _load_rows(src, length, chunk):
 
 
 def _pairwise(g, k_t, bk_t, q_t, masks, length, chunk):
-    """``(A^T, P^T)`` of one chunk: ``[C, C]`` fp32, orientation ``[s, t]``, strictly / inclusively causal."""
+    """``(A^T, P^T)`` of one chunk: ``[C, C]`` fp32, orientation ``[s, t]``, strictly / inclusively causal.
+
+    ``(beta k)^T`` and ``q^T`` sit side by side in one ``[Dk, 2, C]`` tile, so one VectorE
+    multiply and one matmul (``M = 2C``) per source token give column ``s`` of ``A`` (rows
+    ``0..C-1``) and of ``P`` (rows ``C..2C-1``).
+    """
+    dk = g.shape[1]
     upper = masks[:, UPPER, :]
-    a_cols = nl.ndarray((chunk, chunk), dtype=nl.float32, buffer=nl.psum)
-    p_cols = nl.ndarray((chunk, chunk), dtype=nl.float32, buffer=nl.psum)
-    nisa.memset(dst=a_cols, value=0.0)
-    nisa.memset(dst=p_cols, value=0.0)
+    stacked = tl.sbuf((dk, 2, chunk))
+    nisa.tensor_copy(dst=stacked[:, 0, :], src=bk_t)
+    nisa.tensor_copy(dst=stacked[:, 1, :], src=q_t)
+    columns = nl.ndarray((2 * chunk, chunk), dtype=nl.float32, buffer=nl.psum)
+    nisa.memset(dst=columns, value=0.0)
     for s in range(length):
         since_s = tl.scalar(upper, nl.subtract, upper[:, s:s + 1])       # [t', t]: +1 on s < t' <= t
         exponent = tl.scalar(tl.matmul(g, since_s), nl.minimum, 0.0)     # [d, t]: G_td - G_sd for t >= s
         decay = tl.activation(exponent, nl.exp)
-        k_s = k_t[:, s:s + 1]
-        nisa.nc_matmul(a_cols[:, s:s + 1], tl.binary(bk_t, decay, nl.multiply), k_s)
-        nisa.nc_matmul(p_cols[:, s:s + 1], tl.binary(q_t, decay, nl.multiply), k_s)
-    e_t = tl.binary(tl.transpose(tl.copy(a_cols)), masks[:, STRICT_UPPER, :], nl.multiply)
-    p_t = tl.binary(tl.transpose(tl.copy(p_cols)), upper, nl.multiply)
+        weighted = tl.binary(stacked, decay.ap(pattern=[[chunk, dk], [0, 2], [1, chunk]]), nl.multiply)
+        nisa.nc_matmul(columns[:, s:s + 1], weighted, k_t[:, s:s + 1])
+    both = tl.copy(columns)
+    e_t = tl.binary(tl.transpose(both[0:chunk, :]), masks[:, STRICT_UPPER, :], nl.multiply)
+    p_t = tl.binary(tl.transpose(both[chunk:2 * chunk, :]), upper, nl.multiply)
     return e_t, p_t
 
 
