@@ -67,6 +67,12 @@ def test_env_override_routes_the_op(monkeypatch, fake_nki):
     assert module.calls == ["gdn_prefill"]
 
 
+def test_env_override_runs_ops_the_backend_lacks_on_torch(monkeypatch, fake_nki):
+    fake_nki(ops_implemented=("gdn_prefill",))
+    monkeypatch.setenv(dispatch.ENV_VAR, "nki")
+    assert dispatch.select_backend("auto", "conv1d_decode", CPU) is torch_backend
+
+
 def test_env_override_with_an_unknown_name_is_refused(monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     with pytest.raises(ValueError, match="VLLM_GDN_BACKEND: expected one of .*'torch'.*got 'triton'"):

