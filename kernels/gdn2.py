@@ -29,6 +29,7 @@ from .mask_pack import IDENTITY, STRICT_LOWER, STRICT_UPPER, UPPER
 from .nki_compat import nki, nisa, nl
 
 GDN2_CHUNK = 64
+SOURCE_BATCH = 8  # source tokens per exponent matmul: 8 x 64 = 512 columns, one PSUM bank
 
 
 class _Chunk:
@@ -50,23 +51,31 @@ def _load_rows(src, length, chunk):
 def _pairwise(g, k_t, bk_t, q_t, masks, length, chunk):
     """``(A^T, P^T)`` of one chunk: ``[C, C]`` fp32, orientation ``[s, t]``, strictly / inclusively causal.
 
-    ``(beta k)^T`` and ``q^T`` sit side by side in one ``[Dk, 2, C]`` tile, so one VectorE
-    multiply and one matmul (``M = 2C``) per source token give column ``s`` of ``A`` (rows
-    ``0..C-1``) and of ``P`` (rows ``C..2C-1``).
+    Source tokens go ``SOURCE_BATCH`` at a time: their exponent tiles come from one matmul
+    (``SOURCE_BATCH x C`` moving columns) and are clamped, exponentiated and weighted by
+    ``(beta k)^T`` / ``q^T`` (side by side in one ``[Dk, 2, C]`` tile) in one instruction each;
+    one matmul (``M = 2C``) per source token then gives column ``s`` of ``A`` (rows ``0..C-1``)
+    and of ``P`` (rows ``C..2C-1``).
     """
     dk = g.shape[1]
+    row = masks.shape[1] * masks.shape[2]  # partition stride of the mask tile
     upper = masks[:, UPPER, :]
     stacked = tl.sbuf((dk, 2, chunk))
     nisa.tensor_copy(dst=stacked[:, 0, :], src=bk_t)
     nisa.tensor_copy(dst=stacked[:, 1, :], src=q_t)
     columns = nl.ndarray((2 * chunk, chunk), dtype=nl.float32, buffer=nl.psum)
     nisa.memset(dst=columns, value=0.0)
-    for s in range(length):
-        since_s = tl.scalar(upper, nl.subtract, upper[:, s:s + 1])       # [t', t]: +1 on s < t' <= t
-        exponent = tl.scalar(tl.matmul(g, since_s), nl.minimum, 0.0)     # [d, t]: G_td - G_sd for t >= s
+    for s0 in range(0, length, SOURCE_BATCH):
+        n = min(SOURCE_BATCH, length - s0)
+        # since[t', i, t] = [t' <= t] - [t' <= s0 + i]: +1 exactly on s < t' <= t
+        since = tl.binary(upper.ap(pattern=[[row, chunk], [0, n], [1, chunk]]),
+                          upper[:, s0:s0 + n].ap(pattern=[[row, chunk], [1, n], [0, chunk]]), nl.subtract)
+        exponent = tl.scalar(tl.matmul(g, since), nl.minimum, 0.0)       # [d, (i, t)]: G_td - G_sd, t >= s
         decay = tl.activation(exponent, nl.exp)
-        weighted = tl.binary(stacked, decay.ap(pattern=[[chunk, dk], [0, 2], [1, chunk]]), nl.multiply)
-        nisa.nc_matmul(columns[:, s:s + 1], weighted, k_t[:, s:s + 1])
+        weighted = tl.binary(stacked.ap(pattern=[[2 * chunk, dk], [0, n], [chunk, 2], [1, chunk]]),
+                             decay.ap(pattern=[[n * chunk, dk], [chunk, n], [0, 2], [1, chunk]]), nl.multiply)
+        for i in range(n):
+            nisa.nc_matmul(columns[:, s0 + i:s0 + i + 1], weighted[:, i, :, :], k_t[:, s0 + i:s0 + i + 1])
     both = tl.copy(columns)
     e_t = tl.binary(tl.transpose(both[0:chunk, :]), masks[:, STRICT_UPPER, :], nl.multiply)
     p_t = tl.binary(tl.transpose(both[chunk:2 * chunk, :]), upper, nl.multiply)
