@@ -106,7 +106,7 @@ def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, ones_col, chun
     ch.k_decay = tl.binary(kt, to_end, nl.multiply)
     ch.state_decay = tl.activation(tl.matmul(g, ones_col), nl.exp)            # [Dk, 1] e^{G_C}
     ch.beta = ones_col                                                        # beta already inside A
-    ch.t, ch.t_t = (tl.copy(masks[:, IDENTITY, :], engine=nisa.engine.gpsimd) for _ in range(2))
+    ch.t, ch.t_t = (tl.scaled_copy(masks[:, IDENTITY, :]) for _ in range(2))
     return ch
 
 

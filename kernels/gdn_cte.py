@@ -68,7 +68,7 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     ch.bv = tl.scaled_copy(v, ch.beta, dtype=cdt)
     ch.q_g_t = tl.binary(q_t, tl.activation(g_rows[0:dk, :], nl.exp), nl.multiply, dtype=cdt)
     ch.state_decay = tl.activation(g_rows[0:dk, chunk - 1:chunk], nl.exp)     # [Dk, 1]  e^{G_C}
-    ch.t, ch.t_t = (tl.copy(masks[:, IDENTITY, :], cdt, engine=nisa.engine.gpsimd) for _ in range(2))
+    ch.t, ch.t_t = (tl.scaled_copy(masks[:, IDENTITY, :], dtype=cdt) for _ in range(2))
     return ch
 
 
