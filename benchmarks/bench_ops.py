@@ -1,5 +1,9 @@
 """GDN prefill and decode on CPU: this project's torch backend against its peers, in one run.
 
+Ours:
+  ours       backend "torch" (chunked prefill, batched in-place decode), any dtype / head size
+  ours-vcpu  backend "vllm_cpu" (opt-in; prefill only, bf16, D in {64, 128}): vLLM's C++ kernel
+             behind this project's op surface, its argument conversions counted in its time
 Peers:
   hf    transformers' Qwen3.5 torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule
         (GQA by repeat_interleave of q/k, as HF's model does before calling them)
@@ -74,6 +78,9 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
     row = {}
     row["ours"], (o, _) = best_time(
         lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch"), budget_s)
+    if HAVE_VLLM and dtype == torch.bfloat16:
+        row["ours-vcpu"], _ = best_time(
+            lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="vllm_cpu"), budget_s)
     group = num_v_heads // num_k_heads
     if hf is not None:
         row["hf"], (o_hf, _) = best_time(lambda: hf.torch_chunk_gated_delta_rule(
@@ -136,24 +143,27 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
 
 
 def fmt_ms(seconds):
-    return "-" if seconds is None else f"{seconds * 1e3:9.2f}"
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def fmt_ratio(peer, ours):
-    return "-" if peer is None else f"{peer / ours:6.2f}x"
+    return "-" if peer is None else f"{peer / ours:.2f}x"
 
 
 def print_table(title, size_name, rows):
     print(f"\n{title}")
-    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | HF ms | vLLM C++ ms | ours vs HF | ours vs vLLM "
-              f"| max|diff| HF | max|diff| vLLM |")
+    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | ours-vcpu ms | HF ms | vLLM C++ ms | ours vs HF "
+              f"| ours vs vLLM | ours-vcpu vs HF | ours-vcpu vs vLLM | max abs diff HF | max abs diff vLLM |")
     print(header)
-    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
     for (size, hk, hv, dtype), r in rows:
-        print(f"| {size:>6} | {hk}/{hv} | {str(dtype).replace('torch.', ''):>5} | {fmt_ms(r['ours'])} "
-              f"| {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} | {fmt_ratio(r.get('hf'), r['ours'])} "
-              f"| {fmt_ratio(r.get('vllm'), r['ours'])} | {r.get('hf_diff', float('nan')):.2e} "
-              f"| {r.get('vllm_diff', float('nan')):.2e} |")
+        vcpu = r.get("ours-vcpu")
+        print(f"| {size:>6} | {hk}/{hv} | {str(dtype).replace('torch.', ''):>8} | {fmt_ms(r['ours'])} "
+              f"| {fmt_ms(vcpu)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
+              f"| {fmt_ratio(r.get('hf'), r['ours'])} | {fmt_ratio(r.get('vllm'), r['ours'])} "
+              f"| {'-' if vcpu is None else fmt_ratio(r.get('hf'), vcpu)} "
+              f"| {'-' if vcpu is None else fmt_ratio(r.get('vllm'), vcpu)} "
+              f"| {r.get('hf_diff', float('nan')):.2e} | {r.get('vllm_diff', float('nan')):.2e} |")
 
 
 def plot(prefill, decode, path):
@@ -171,7 +181,7 @@ def plot(prefill, decode, path):
                 if not sel:
                     continue
                 sizes = [s for s, _ in sel]
-                for peer, marker in (("ours", "o"), ("hf", "s"), ("vllm", "^")):
+                for peer, marker in (("ours", "o"), ("ours-vcpu", "x"), ("hf", "s"), ("vllm", "^")):
                     times = [r.get(peer) for _, r in sel]
                     if all(t is not None for t in times):
                         label = f"{peer} {hk}/{hv} {str(dtype).replace('torch.', '')}"
@@ -196,6 +206,7 @@ def main():
     lengths = (256, 512) if args.quick else (512, 2048, 8192)
     batches = (1, 16) if args.quick else (1, 16, 64)
     dtypes = (torch.bfloat16, torch.float32)
+    bench_prefill(128, 16, 16, torch.bfloat16, 0.0)  # warm up thread pools and lazy imports
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {hf is not None}, "
           f"vLLM C++ kernels: {HAVE_VLLM}")
     prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget))
