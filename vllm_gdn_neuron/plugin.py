@@ -62,6 +62,7 @@ def prepare_config(vllm_config) -> None:
         tp_size=vllm_config.parallel_config.tensor_parallel_size,
         num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative else 0,
         mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
+        quantization=model_config.quantization,
     )
 
 

@@ -38,6 +38,7 @@ def test_state_dtypes_default_to_model_dtype_conv_and_fp32_recurrent():
         (dict(config=_config(hidden_act="gelu")), "hidden_act must be 'silu'"),
         (dict(num_speculative_tokens=2), "num_speculative_tokens must be 0\\); got num_speculative_tokens=2"),
         (dict(mamba_ssm_cache_dtype="float16"), "mamba_ssm_cache_dtype must be one of"),
+        (dict(quantization="fp8"), "quantized checkpoints are not supported.*got quantization='fp8'"),
     ],
 )
 def test_unservable_configs_are_refused(kwargs, message):

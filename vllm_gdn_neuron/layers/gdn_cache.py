@@ -50,7 +50,9 @@ def gdn_state_dtypes(
     return conv, ssm
 
 
-def check_gdn_config(text_config, tp_size: int, num_speculative_tokens: int, mamba_ssm_cache_dtype: str) -> None:
+def check_gdn_config(
+    text_config, tp_size: int, num_speculative_tokens: int, mamba_ssm_cache_dtype: str, quantization: str | None = None
+) -> None:
     """Refuse, at start-up, a configuration the GatedDeltaNet layer cannot serve.
 
     Raises:
@@ -77,6 +79,11 @@ def check_gdn_config(text_config, tp_size: int, num_speculative_tokens: int, mam
         raise ValueError(
             "speculative decoding is not supported by the vllm-gdn-neuron GatedDeltaNet layer "
             f"(num_speculative_tokens must be 0); got num_speculative_tokens={num_speculative_tokens}"
+        )
+    if quantization is not None:
+        raise ValueError(
+            "quantized checkpoints are not supported by the vllm-gdn-neuron models (they load "
+            f"unquantized bf16/fp32 weights only); got quantization={quantization!r}"
         )
     if mamba_ssm_cache_dtype not in _SUPPORTED_SSM_DTYPES:
         raise ValueError(
