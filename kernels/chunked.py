@@ -9,8 +9,10 @@ size doubling 1, 2, 4, ...: ``T <- T - T (A * M_j) T`` at level ``j`` with the l
 import numpy as np
 
 from . import tiles as tl
-from .mask_pack import N_MASKS
+from .mask_pack import IDENTITY, N_MASKS
 from .nki_compat import nisa, nl
+
+PSUM_BANK_FP32 = 512  # fp32 elements per partition in one PSUM bank
 
 
 def load_masks(mask_pack, chunk):
@@ -24,30 +26,35 @@ def load_masks(mask_pack, chunk):
     return masks
 
 
-def half_columns(tile, block, odd):
-    """The columns of the ``[C, C]`` root tile whose bit ``log2(block)`` is ``odd``, as ``[C, C / 2b, b]``.
+def _half(tiles, first, count, block, odd):
+    """Columns with bit ``log2(block)`` equal to ``odd`` of chunks ``first .. first+count-1`` of a
+    group tile ``[C, G, C]``, as the view ``[C, count, C / 2b, b]``.
 
-    At the level with block size ``b``, the upper (lower) half of every ``2b`` pair of blocks.
+    At the level with block size ``b``: the upper (``odd=False``) or lower half of every
+    ``2b`` pair of blocks.
     """
-    chunk = tile.shape[0]
-    pairs = tile.shape[1] // (2 * block)
-    return tile.ap(pattern=[[tile.shape[1], chunk], [2 * block, pairs], [1, block]], offset=block if odd else 0)
+    chunk, group = tiles.shape[0], tiles.shape[1]
+    pairs = chunk // (2 * block)
+    return tiles.ap(pattern=[[group * chunk, chunk], [chunk, count], [2 * block, pairs], [1, block]],
+                    offset=first * chunk + (block if odd else 0))
 
 
 def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
     """Blocked Schur complement, level-major over ``chunks``: ``T <- T - T (A * M_j) T``.
 
     Each element of ``chunks`` carries ``e_t`` (``E^T``: ``[C, C]`` fp32, strictly causal,
-    orientation ``[s, r]``), ``beta`` (``[C, 1]``, ``A = diag(beta) E``) and ``t`` / ``t_t``
-    (root ``[C, C]`` tiles in ``dtype``: the block-diagonal inverse reached before
-    ``first_level`` and its transpose; the identity to start). They are updated in place and
-    ``T^T`` is left in ``ch.t_t``; the level-major order lets one chunk's dependency chain hide
-    behind the others'.
+    orientation ``[s, r]``), ``beta`` (``[C, 1]``, ``A = diag(beta) E``) and optionally ``t`` /
+    ``t_t``: the block-diagonal inverse reached before ``first_level`` and its transpose (None:
+    the identity). ``T^T`` is left in ``ch.t_t`` (a ``[C, C]`` view of a group tile); the
+    level-major order lets one chunk's dependency chain hide behind the others'.
 
     Level ``j`` (block ``b = 2**j``): ``Y = diag(beta) (E * M_j) T``, ``T -= T Y``,
     ``T^T -= Y^T T^T``. ``Y`` and ``T Y`` live in the columns whose bit ``j`` is 0 and
-    ``Y^T T^T`` in those whose bit ``j`` is 1, so every matmul streams half the columns
-    (``half_columns``); the last level skips ``T Y`` (only ``T^T`` is used afterwards).
+    ``Y^T T^T`` in those whose bit ``j`` is 1, so every matmul streams half the columns; the
+    last level skips ``T Y`` (only ``T^T`` is used afterwards). ``T`` and ``T^T`` of all the
+    chunks live in two group tiles ``[C, G, C]`` and the products of up to a PSUM bank of
+    chunks land in one PSUM tile, so one VectorE instruction updates that many chunks (the
+    fixed cost of an instruction exceeds the data time of a ``[C, C/2]`` update).
 
     ``dtype`` is the operand dtype of the level matmuls and the storage dtype of ``T`` /
     ``T^T`` / ``Y``. Storing them narrow rounds each entry once only: a level writes new
@@ -55,25 +62,39 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
     """
     last = int(np.log2(chunk)) - 1
     levels = last + 1 - first_level
-    for ch in chunks:
+    group = len(chunks)
+    per_bank = PSUM_BANK_FP32 // (chunk // 2)
+    t_all, t_t_all = tl.sbuf((chunk, group, chunk), dtype), tl.sbuf((chunk, group, chunk), dtype)
+    eye = masks[:, IDENTITY, :]
+    for i, ch in enumerate(chunks):
         # every level's blocks of E in one instruction: E^T broadcast over the level axis
         e_levels = ch.e_t.ap(pattern=[[chunk, chunk], [0, levels], [1, chunk]])
         ch.e_t = tl.binary(e_levels, masks[:, first_level:last + 1, :], nl.multiply, dtype=dtype)
+        start_t, start_t_t = (eye, eye) if ch.t is None else (ch.t, ch.t_t)
+        nisa.activation(dst=t_all[:, i, :], op=nl.copy, data=start_t)
+        nisa.activation(dst=t_t_all[:, i, :], op=nl.copy, data=start_t_t)
     for level in range(first_level, last + 1):
         block = 2**level
-        for ch in chunks:
-            y = tl.sbuf((chunk, chunk), dtype)
-            nisa.memset(dst=half_columns(y, block, odd=True), value=0.0, engine=nisa.engine.gpsimd)
-            y_even = half_columns(y, block, odd=False)
-            products = tl.matmul(ch.e_t[:, level - first_level, :], half_columns(ch.t, block, odd=False))
-            nisa.activation(dst=y_even, op=nl.copy, data=products, scale=ch.beta)
+        y_all = tl.sbuf((chunk, group, chunk), dtype)
+        nisa.memset(dst=_half(y_all, 0, group, block, odd=True), value=0.0, engine=nisa.engine.gpsimd)
+        for i, ch in enumerate(chunks):  # every chunk's Y first: TensorE never waits on one evacuation
+            products = tl.matmul(ch.e_t[:, level - first_level, :], _half(t_all, i, 1, block, odd=False))
+            nisa.activation(dst=_half(y_all, i, 1, block, odd=False), op=nl.copy, data=products, scale=ch.beta)
+        for first in range(0, group, per_bank):
+            count = min(per_bank, group - first)
             if level < last:
-                t_even = half_columns(ch.t, block, odd=False)
-                nisa.tensor_tensor(dst=t_even, data1=t_even, data2=tl.matmul(ch.t_t, y_even), op=nl.subtract)
-            t_t_odd = half_columns(ch.t_t, block, odd=True)
-            nisa.tensor_tensor(dst=t_t_odd, data1=t_t_odd, data2=tl.matmul(y, t_t_odd), op=nl.subtract)
-    for ch in chunks:
-        ch.t = ch.e_t = None
+                z = nl.ndarray((chunk, count, chunk // 2), dtype=nl.float32, buffer=nl.psum)
+                for j in range(count):
+                    nisa.nc_matmul(z[:, j, :], t_t_all[:, first + j, :], _half(y_all, first + j, 1, block, odd=False))
+                t_even = _half(t_all, first, count, block, odd=False)
+                nisa.tensor_tensor(dst=t_even, data1=t_even, data2=z, op=nl.subtract)
+            z_t = nl.ndarray((chunk, count, chunk // 2), dtype=nl.float32, buffer=nl.psum)
+            for j in range(count):
+                nisa.nc_matmul(z_t[:, j, :], y_all[:, first + j, :], _half(t_t_all, first + j, 1, block, odd=True))
+            t_t_odd = _half(t_t_all, first, count, block, odd=True)
+            nisa.tensor_tensor(dst=t_t_odd, data1=t_t_odd, data2=z_t, op=nl.subtract)
+    for i, ch in enumerate(chunks):
+        ch.t, ch.e_t, ch.t_t = None, None, t_t_all[:, i, :]
 
 
 def advance(ch, state, scale, cdt, out_dtype):

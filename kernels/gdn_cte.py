@@ -25,8 +25,8 @@ from . import tiles as tl
 from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
                      check_positive_int, check_rank, check_same_dtype, check_shape)
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
-from .nki_compat import nki, nisa, nl
 from .chunked import advance, load_masks, schur_levels
+from .nki_compat import nki, nl
 
 ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
@@ -68,7 +68,7 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     ch.bv = tl.scaled_copy(v, ch.beta, dtype=cdt)
     ch.q_g_t = tl.binary(q_t, tl.activation(g_rows[0:dk, :], nl.exp), nl.multiply, dtype=cdt)
     ch.state_decay = tl.activation(g_rows[0:dk, chunk - 1:chunk], nl.exp)     # [Dk, 1]  e^{G_C}
-    ch.t, ch.t_t = (tl.scaled_copy(masks[:, IDENTITY, :], dtype=cdt) for _ in range(2))
+    ch.t = ch.t_t = None  # schur_levels starts from the identity
     return ch
 
 

@@ -3,7 +3,7 @@
 
 import torch
 
-from vllm_gdn_neuron.kernels.reference import gdn2_recurrence, gdn_recurrence, l2norm
+from vllm_gdn_neuron.kernels.reference import gdn_recurrence, l2norm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -41,11 +41,6 @@ def reference_cte(query, key, value, g_log, beta, scale, initial_state=None):
         outs.append(o.transpose(0, 1))
         states.append(st[0])
     return torch.stack(outs), torch.stack(states)
-
-
-def reference_gdn2(q, k, v, g, beta, w, cu_seqlens, scale, initial_state=None):
-    """``gdn2_recurrence`` (packed layout), float64."""
-    return gdn2_recurrence(q, k, v, g, beta, w, cu_seqlens=cu_seqlens, initial_state=initial_state, scale=scale)
 
 
 def assert_close(actual, expected, dtype, what):
