@@ -1,5 +1,6 @@
 """Backend choice: auto, the VLLM_GDN_BACKEND override, Neuron detection, refusals."""
 
+import sys
 import types
 
 import pytest
@@ -88,3 +89,11 @@ def test_explicit_backend_lacking_the_op_is_refused(fake_nki):
 def test_a_backend_module_that_cannot_be_imported_is_refused():
     with pytest.raises(ValueError, match="backend: 'no_such_backend' is not available"):
         dispatch.load_backend("no_such_backend")
+
+
+def test_a_spec_less_nki_stand_in_is_not_taken_for_the_real_package(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    stand_in = types.ModuleType("nki")
+    stand_in.__spec__ = None
+    monkeypatch.setitem(sys.modules, "nki", stand_in)
+    assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend

@@ -25,9 +25,16 @@ def load_backend(name):
         raise ValueError(f"backend: {name!r} is not available here ({error})") from error
 
 
+def _nki_package_present():
+    try:
+        return importlib.util.find_spec("nki") is not None
+    except ValueError:  # a module named nki without a spec (a stand-in) is in sys.modules
+        return False
+
+
 def _nki_is_usable(device):
     """A real Neuron device (a torch device of type xla / neuron, or the real ``nki`` package)."""
-    if device.type not in NEURON_DEVICE_TYPES and importlib.util.find_spec("nki") is None:
+    if device.type not in NEURON_DEVICE_TYPES and not _nki_package_present():
         return False
     try:
         module = load_backend("nki")
