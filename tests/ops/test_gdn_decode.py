@@ -33,6 +33,18 @@ def test_gdn_decode_matches_reference_and_touches_only_its_slots(hk, hv, dk, dv,
     assert torch.equal(cache[untouched], before[untouched])
 
 
+def test_gdn_decode_of_256_sequences():
+    x = make_gdn_inputs([1] * 256, 2, 4, 8, 8, min_g=-5.0)
+    cache = torch.randn(300, 4, 8, 8)
+    indices = torch.randperm(300, generator=torch.Generator().manual_seed(0))[:256]
+    before = cache.clone()
+    o = ops.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], cache, indices, use_qk_l2norm=True)
+    o_ref, state_ref = gdn_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
+                                      initial_state=before[indices], use_qk_l2norm=True)
+    assert_matches(o, o_ref, F32, "o")
+    assert_matches(cache[indices], state_ref, F32, "state rows")
+
+
 def test_gdn_decode_padded_rows_give_zeros_and_write_nothing():
     x = make_gdn_inputs([1, 1, 1], 1, 2, 16, 16)
     cache = torch.randn(4, 2, 16, 16)

@@ -25,6 +25,8 @@ CASES = {
     "many-sequences": ([1 + (7 * i) % 23 for i in range(40)], 1, 2, 16, 8, F32, -2.0, False, True, True),
     "empty-sequence-passes-state-through": ([3, 0, 66], 1, 1, 16, 16, F32, -1.0, False, True, True),
     "large-heads": ([70], 1, 1, 128, 256, F32, -1.0, False, True, True),
+    "dk-256": ([66], 1, 2, 256, 32, BF16, -1.0, False, True, True),
+    "256-sequences": ([1 + i % 3 for i in range(256)], 1, 2, 8, 8, F32, -3.0, False, True, True),
 }
 
 
