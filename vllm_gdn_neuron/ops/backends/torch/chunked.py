@@ -1,18 +1,18 @@
 """Chunked prefill of GDN (scalar gates) and GDN-2 (channel-wise gates), float32 throughout.
 
-Per chunk of C tokens with state S0 at its start (shared/docs/gdn-math.md, section 3), both
-variants reduce to the same tensors, built for many chunks at once:
+Per chunk of C tokens with state S0 at its start (shared/docs/gdn-math.md, section 3), with
+``G = cumsum(g)`` and the writes ``V' = U - W S0`` the chunk actually makes:
 
-    A    strictly lower C x C: how much each earlier write in the chunk changes a token's v_new
-    P    lower-inclusive C x C: the intra-chunk attention of the output
-    U    = (I + A)^-1 (beta V)                V' = U - W S0     (the writes actually made)
-    W    = (I + A)^-1 (beta exp(G) K)         O  = P U + (exp(G) Q - P W) S0
-    Kd   = exp(G_C - G) K                     S1 = exp(G_C) S0 + Kd^T V'
+    A    strictly lower C x C (beta_r k_r . k_s decayed from s to r), T = (I + A)^-1
+    P    lower-inclusive C x C (q_r . k_s decayed from s to r): the intra-chunk attention
+    U    = T (beta V)        [GDN-2: T (w V)]          O  = P U - (P W - exp(G) Q) S0
+    W    = T (beta exp(G) K) [GDN-2: T (exp(G) beta K)] S1 = exp(G_C) S0 + (exp(G_C - G) K)^T V'
 
-so the sequential part (``_scan``) is three batched matmuls per chunk step over all sequences
-and heads. With scalar gates the row factors beta, exp(G) fold into the columns of
-``(I + A)^-1`` (C x C work instead of C x D), and under GQA the value heads of one key head
-share one matmul against that key head's K (K is never repeated).
+The per-chunk tensors are built for a block of chunks at once (``_scalar_intra`` /
+``_channel_intra``); the sequential part (``_scan``) is three batched matmuls per chunk step
+over all sequences and heads. With scalar gates the per-token factors (beta, exp(G) and
+exp(G_C - G)) fold into the C x C inverse instead of the C x D operands, and under GQA the
+value heads of one key head share one matmul against that key head's K.
 
 Every exponent is <= 0: pairwise decays are masked to -inf above the diagonal before the exp;
 with channel-wise gates the off-diagonal sub-chunk blocks factor through a reference position
@@ -132,7 +132,8 @@ def _scan(state, steps, lo, u, w, pw_minus_q, out, keys, chunk_decay):
     """Advance the ranked states through the block's chunk steps.
 
     Per step: ``written = u - w S0``; ``out -= (P W - exp(G) Q) S0`` (``out`` holds P U);
-    ``S1 = chunk_decay * S0 + keys^T written``. All operands are views, updated in place.
+    ``S1 = chunk_decay * S0 + keys^T written``. ``out`` and ``state`` (ranked order) are updated
+    in place.
     """
     heads, size, dim_k, dim_v = u.shape[1], u.shape[2], w.shape[3], u.shape[3]
     for offset, active in steps:
