@@ -32,6 +32,7 @@ ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
 NEUMANN_FIRST_SCHUR_LEVEL = 4  # the 16 x 16 blocks come from Neumann products; levels 16, 32 remain
 MAX_HEAD_DIM = 128
+MAX_GROUP_SIZE = 16  # 16 chunks in flight: ~136 KiB of 192 KiB SBUF per partition at Dk = Dv = 128, fp32
 
 
 class _Chunk:
@@ -177,6 +178,7 @@ def check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pa
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise ValueError(f"scale must be a Python float, got {scale!r}")
     check_positive_int("group_size", group_size)
+    check_at_most("group_size", group_size, MAX_GROUP_SIZE, "chunks in flight that fit SBUF at Dk = Dv = 128, fp32")
     if mask_pack is not None:
         check_shape("mask_pack", mask_pack, (N_MASKS, CHUNK, CHUNK), "[N_MASKS, CHUNK, CHUNK]")
         check_dtype("mask_pack", mask_pack, ("float32",))
@@ -217,7 +219,7 @@ def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_p
         scale: output scale, applied on device.
         algorithm: "schur" (default, chunk 128) or "neumann" (chunk 64); a trace-time constant.
         mask_pack: ``[N_MASKS, 128, 128]`` fp32 from :func:`build_mask_pack`, or None to build one.
-        group_size: chunks inverted together, level-major ("schur").
+        group_size: chunks inverted together, level-major ("schur"); 1 to 16.
         recurrent_state: ``[B, Hv, Dk, Dv]`` fp32 initial state, updated in place and returned;
             None starts from zero without a load ("neumann" supports only None).
 

@@ -139,6 +139,7 @@ BAD_CASES = {
                     "recurrent_state must have dtype float32"),
     "mask pack shape": (dict(mask_pack=torch.zeros(3, 128, 128)), "mask_pack must have shape"),
     "group size": (dict(group_size=0), "group_size"),
+    "group size > 16": (dict(group_size=17), "group_size must be <= 16"),
 }
 
 
