@@ -32,6 +32,7 @@ ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
 NEUMANN_FIRST_SCHUR_LEVEL = 4  # the 16 x 16 blocks come from Neumann products; levels 16, 32 remain
 MAX_HEAD_DIM = 128
+L2NORM_EPS = 1e-6  # x * rsqrt(sum(x^2) + eps), gdn-math.md section 1
 MAX_GROUP_SIZE = 16  # 16 chunks in flight: ~136 KiB of 192 KiB SBUF per partition at Dk = Dv = 128, fp32
 
 
@@ -42,13 +43,24 @@ class _Chunk:
                  "u", "w_t")
 
 
-def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, ones, cdt):
-    """Load one chunk and form everything that needs neither the inverse nor the state."""
+def _l2_normalised(x, eps, dtype):
+    """Rows of ``x`` ``[C, D]`` times ``rsqrt(sum(x^2) + eps)`` (fp32 math), stored in ``dtype``."""
+    sum_sq = tl.reduce(tl.binary(x, x, nl.multiply), nl.add, axis=1)
+    return tl.scaled_copy(x, tl.activation(sum_sq, nl.rsqrt, bias=eps), dtype)
+
+
+def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, ones, eps, cdt):
+    """Load one chunk and form everything that needs neither the inverse nor the state.
+
+    ``eps``: a ``[C, 1]`` tile of the L2-norm epsilon to normalise q and k on chip, or None.
+    """
     dk = query.shape[3]
     ch = _Chunk()
     ch.rows = nl.ds(c0, chunk)
     q = tl.load(query[b, hk, ch.rows, :])
     k = tl.load(key[b, hk, ch.rows, :])
+    if eps is not None:
+        q, k = _l2_normalised(q, eps, cdt), _l2_normalised(k, eps, cdt)
     v = tl.load(value[b, h, ch.rows, :])
     g = tl.load(g_log[b, h, ch.rows].reshape((chunk, 1)))
     ch.beta = tl.load(beta[b, h, ch.rows].reshape((chunk, 1)))
@@ -105,7 +117,7 @@ def _finish_chunk(ch, cdt):
 
 @nki.jit
 def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=None, scale=1.0,
-                   algorithm="schur", group_size=8):
+                   algorithm="schur", group_size=8, use_qk_l2norm=False):
     """The NKI kernel behind :func:`gdn_cte` (arguments already checked).
 
     Returns:
@@ -125,13 +137,14 @@ def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=No
         final = nl.ndarray((b_size, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
     masks = load_masks(mask_pack, chunk)
     ones = tl.filled((chunk, max(chunk, dk)), 1.0)  # G_r broadcast onto max(C, Dk) partitions
+    eps = tl.filled((chunk, 1), L2NORM_EPS) if use_qk_l2norm else None
     for b in range(b_size):
         for h in range(hv_size):
             state = None if recurrent_state is None else tl.load(recurrent_state[b, h])
             for first in range(0, n_chunks, group):
                 chunks = [
                     _prepare_chunk(query, key, value, g_log, beta, b, h, h // ratio, c * chunk, chunk, masks, ones,
-                                   cdt)
+                                   eps, cdt)
                     for c in range(first, min(first + group, n_chunks))
                 ]
                 if algorithm == "schur":
@@ -203,7 +216,7 @@ def default_mask_pack(like):
 
 
 def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_pack=None, group_size=8,
-            recurrent_state=None):
+            recurrent_state=None, use_qk_l2norm=False):
     """Chunked GDN prefill on the NKI kernel.
 
     Dimensions:
@@ -211,8 +224,8 @@ def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_p
         of 128 for "schur", of 64 for "neumann"); Dk (= Dq), Dv <= 128.
 
     Args:
-        query, key: ``[B, Hk, S, Dk]``, L2-normalised, one dtype (fp32, bf16 or fp16) which
-            sets the compute dtype (matmul operands, q/k/v tiles, out).
+        query, key: ``[B, Hk, S, Dk]``, L2-normalised (or see ``use_qk_l2norm``), one dtype
+            (fp32, bf16 or fp16) which sets the compute dtype (matmul operands, q/k/v tiles, out).
         value: ``[B, Hv, S, Dv]`` in the compute dtype.
         g_log: ``[B, Hv, S]`` fp32 natural-log decay (<= 0).
         beta: ``[B, Hv, S]`` fp32.
@@ -222,6 +235,8 @@ def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_p
         group_size: chunks inverted together, level-major ("schur"); 1 to 16.
         recurrent_state: ``[B, Hv, Dk, Dv]`` fp32 initial state, updated in place and returned;
             None starts from zero without a load ("neumann" supports only None).
+        use_qk_l2norm: normalise q and k per token on chip first (``x * rsqrt(sum(x^2) + 1e-6)``,
+            fp32 math, the result in the compute dtype).
 
     Returns:
         ``(out, final_state)``: ``[B, Hv, S, Dv]`` un-normalised in the compute dtype, and
@@ -231,10 +246,12 @@ def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_p
         ValueError: for any constraint above, naming the argument, before any work.
     """
     check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    if not isinstance(use_qk_l2norm, bool):
+        raise ValueError(f"use_qk_l2norm must be a bool, got {use_qk_l2norm!r}")
     if mask_pack is None:
         mask_pack = default_mask_pack(query)
     result = gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state, scale=float(scale),
-                            algorithm=algorithm, group_size=group_size)
+                            algorithm=algorithm, group_size=group_size, use_qk_l2norm=use_qk_l2norm)
     if recurrent_state is None:
         return result
     return result, recurrent_state

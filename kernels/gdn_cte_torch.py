@@ -18,6 +18,13 @@ import torch
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, LEVEL_MASK, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 
 NEUMANN_CHUNK = 64
+L2NORM_EPS = 1e-6
+
+
+def _l2_normalised(x):
+    """``x * rsqrt(sum(x^2) + eps)`` per row in fp32, back in ``x``'s dtype."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
 def _mm(stationary, moving, dtype=torch.float32):
@@ -109,7 +116,7 @@ def neumann_inverse_t(e_t, beta, pack):
 
 
 def gdn_cte_torch(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_pack=None,
-                  group_size=8, recurrent_state=None):
+                  group_size=8, recurrent_state=None, use_qk_l2norm=False):
     """Chunked GDN prefill in torch, the kernel's contract (see ``gdn_cte.gdn_cte``).
 
     Dimensions:
@@ -124,12 +131,15 @@ def gdn_cte_torch(query, key, value, g_log, beta, scale=1.0, algorithm="schur", 
         mask_pack: ``[N_MASKS, 128, 128]`` or None to build one.
         group_size: accepted for signature parity; the torch order does not depend on it.
         recurrent_state: ``[B, Hv, Dk, Dv]`` fp32 initial state, updated in place, or None.
+        use_qk_l2norm: normalise q and k per token first (fp32 math, back in the compute dtype).
 
     Returns:
         ``(out [B, Hv, S, Dv] in the compute dtype, final_state [B, Hv, Dk, Dv] fp32)``.
     """
     del group_size
     cdt = query.dtype
+    if use_qk_l2norm:
+        query, key = (_l2_normalised(x) for x in (query, key))
     pack = torch.as_tensor(build_mask_pack() if mask_pack is None else mask_pack, dtype=torch.float32)
     chunk = CHUNK if algorithm == "schur" else NEUMANN_CHUNK
     b_size, hk, s_len, dk = query.shape

@@ -31,13 +31,13 @@ def random_state(b, hv, dk, dv, seed=1):
     return torch.randn(b, hv, dk, dv, generator=torch.Generator().manual_seed(seed))
 
 
-def reference_cte(query, key, value, g_log, beta, scale, initial_state=None):
+def reference_cte(query, key, value, g_log, beta, scale, initial_state=None, use_qk_l2norm=False):
     """The float64 recurrence on gdn_cte-layout inputs: ``(out [B, Hv, S, Dv], state [B, Hv, Dk, Dv])``."""
     outs, states = [], []
     for b in range(query.shape[0]):
         init = None if initial_state is None else initial_state[b:b + 1]
         o, st = gdn_recurrence(query[b].transpose(0, 1), key[b].transpose(0, 1), value[b].transpose(0, 1),
-                               g_log[b].T, beta[b].T, initial_state=init, scale=scale)
+                               g_log[b].T, beta[b].T, initial_state=init, scale=scale, use_qk_l2norm=use_qk_l2norm)
         outs.append(o.transpose(0, 1))
         states.append(st[0])
     return torch.stack(outs), torch.stack(states)

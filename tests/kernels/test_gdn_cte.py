@@ -97,6 +97,21 @@ def test_default_mask_pack_and_numpy_inputs():
     assert_close(torch.from_numpy(final), ref_state, torch.float32, "numpy state")
 
 
+@pytest.mark.parametrize("kernel", [gdn_cte, gdn_cte_torch], ids=["kernel", "torch-mirror"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_l2_norm_on_chip(kernel, dtype):
+    gen = torch.Generator().manual_seed(11)
+    query, key, value, g_log, beta = gdn_inputs(1, 1, 2, 128, 32, 16, DTYPES[dtype], seed=11)
+    query = (3.0 * torch.randn(query.shape, generator=gen)).to(DTYPES[dtype])  # far from unit norm
+    key = (0.2 * torch.randn(key.shape, generator=gen)).to(DTYPES[dtype])
+    initial = random_state(1, 2, 32, 16)
+    out, final = kernel(query, key, value, g_log, beta, scale=SCALE, recurrent_state=initial.clone(),
+                        use_qk_l2norm=True)
+    ref_out, ref_state = reference_cte(query, key, value, g_log, beta, SCALE, initial, use_qk_l2norm=True)
+    assert_close(out, ref_out, DTYPES[dtype], "out, normalised on chip")
+    assert_close(final, ref_state, DTYPES[dtype], "state, normalised on chip")
+
+
 @pytest.mark.parametrize("algorithm", ["schur", "neumann"])
 def test_torch_mirror_matches_reference(algorithm):
     inputs = gdn_inputs(1, 1, 1, 256, 32, 16, torch.float32, seed=8)

@@ -19,7 +19,8 @@ Mapping (per sequence of the packed batch; zero-length sequences pass their stat
   ``[N, C, 1]`` batch with the gathered slot states, new states written back to the slots.
 - ``gdn2_prefill``: ``gdn2_chunked`` on the packed tokens with ``cu_seqlens``.
 
-q and k are L2-normalised here (float32, then back to q's dtype) when ``use_qk_l2norm``.
+With ``use_qk_l2norm``, prefill normalises q and k on chip (``gdn_cte``'s own L2 norm; the
+zero padding rows stay zero); decode and GDN-2 normalise here, in float32.
 """
 
 import torch
@@ -70,7 +71,6 @@ def _initial_states(initial_state, n_seq, shape, device):
 
 
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    q, k = _normalised(q, k, use_qk_l2norm)
     hv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
     bounds = _bounds(cu_seqlens)
     final = _initial_states(initial_state, len(bounds), (hv, dk, dv), q.device)
@@ -84,7 +84,7 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2nor
         out, _ = gdn_cte(_head_major(q[rows], padded), _head_major(k[rows], padded),
                          _head_major(v[rows], padded), _head_major(g[rows], padded),
                          _head_major(beta[rows], padded), scale=scale, algorithm=ALGORITHM,
-                         recurrent_state=final[n:n + 1])
+                         recurrent_state=final[n:n + 1], use_qk_l2norm=use_qk_l2norm)
         o[rows] = out[0, :, :end - start].transpose(0, 1)
     return o, final
 
