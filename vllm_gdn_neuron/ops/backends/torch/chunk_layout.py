@@ -24,6 +24,9 @@ class ChunkLayout:
         steps: ``[(offset_j, n_j), ...]`` chunk range of each scan step.
         num_chunks: M, the total number of chunks.
         token_index: ``[M * C]`` token of each chunk slot; padding slots point at T.
+        source_index: ``[M * C]`` token_index with padding slots pointing at token 0 (read,
+            then zeroed), so that gathers read the caller's tensors without a padded copy.
+        is_padding: ``[M * C]`` bool, the padding slots.
     """
 
     def __init__(self, cu_seqlens, chunk_size, device):
@@ -48,6 +51,8 @@ class ChunkLayout:
             start, end = torch.cat(starts), torch.cat(ends)
             slot = start[:, None] + torch.arange(chunk_size)
             self.token_index = torch.where(slot < end[:, None], slot, self.num_tokens).reshape(-1).to(device)
+        self.is_padding = self.token_index == self.num_tokens
+        self.source_index = self.token_index.masked_fill(self.is_padding, 0)
         self.order = self.order.to(device)
 
     def blocks(self, min_chunks):
@@ -66,9 +71,11 @@ class ChunkLayout:
             yield lo, self.num_chunks, steps
 
     def gather(self, x, lo, hi):
-        """Chunks ``lo .. hi`` of ``x [T + 1, H, *rest]`` (row T zero) -> float32 ``[hi - lo, H, C, *rest]``."""
-        index = self.token_index[lo * self.chunk_size:hi * self.chunk_size]
-        chunks = x[index].unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2)
+        """Chunks ``lo .. hi`` of ``x [T, H, *rest]`` -> float32 ``[hi - lo, H, C, *rest]``, padding zero."""
+        slots = slice(lo * self.chunk_size, hi * self.chunk_size)
+        rows = x[self.source_index[slots]]
+        rows[self.is_padding[slots]] = 0
+        chunks = rows.unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2)
         return torch.empty(chunks.shape, dtype=torch.float32, device=chunks.device).copy_(chunks)
 
     def scatter(self, out, chunks, lo, hi):
@@ -76,7 +83,3 @@ class ChunkLayout:
         index = self.token_index[lo * self.chunk_size:hi * self.chunk_size]
         out[index] = chunks.transpose(1, 2).reshape(index.numel(), *out.shape[1:]).to(out.dtype)
 
-
-def pad_token_row(x):
-    """``[T, ...]`` -> ``[T + 1, ...]`` (same dtype) with a zero last row, the target of padding slots."""
-    return torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))])

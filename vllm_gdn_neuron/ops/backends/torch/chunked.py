@@ -22,7 +22,7 @@ factors <= 1, and the diagonal sub-chunk blocks take the pairwise exp per channe
 
 import torch
 
-from .chunk_layout import ChunkLayout, pad_token_row
+from .chunk_layout import ChunkLayout
 from .common import qk_factors
 from .triangular import unit_lower_inverse
 
@@ -152,8 +152,6 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
     num_v_heads, dim_v, dim_k = v.shape[1], v.shape[2], q.shape[2]
     group = num_v_heads // q.shape[1]
     layout = ChunkLayout(cu_seqlens, CHUNK_SIZE, q.device)
-    rows = [pad_token_row(x) for x in (q, k, v)]
-    gate_rows = [None if x is None else pad_token_row(x) for x in gates]
     num_seqs = cu_seqlens.numel() - 1
     if initial_state is None:
         state = v.new_zeros(num_seqs, num_v_heads, dim_k, dim_v, dtype=torch.float32)
@@ -161,11 +159,11 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
         state = initial_state.index_select(0, layout.order).float().contiguous()
     out = v.new_empty(layout.num_tokens + 1, num_v_heads, dim_v)
     for lo, hi, steps in layout.blocks(block_chunks):
-        chunk_q, chunk_k, chunk_v = (layout.gather(x, lo, hi) for x in rows)
+        chunk_q, chunk_k, chunk_v = (layout.gather(x, lo, hi) for x in (q, k, v))
         chunk_q.mul_(qk_factors(chunk_q, scale, use_qk_l2norm))
         if use_qk_l2norm:
             chunk_k.mul_(qk_factors(chunk_k, 1.0, True))
-        chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gate_rows]
+        chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gates]
         u, w, pw_minus_q, o, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
         _scan(state, steps, lo, u, w, pw_minus_q, o, keys, chunk_decay)
         layout.scatter(out, o, lo, hi)
