@@ -118,4 +118,4 @@ def advance(ch, state, scale, cdt, out_dtype):
     update = tl.matmul(ch.k_decay, v_new)
     if state is None:
         return out, tl.copy(update)
-    return out, tl.binary(tl.scalar(state, nl.multiply, ch.state_decay), update, nl.add)
+    return out, tl.scalar_tensor(state, nl.multiply, ch.state_decay, nl.add, update)

@@ -22,8 +22,8 @@ with ``k_s`` on TensorE into column ``s`` of ``A`` / ``P``. Every matmul operand
 """
 
 from . import tiles as tl
-from .chunked import advance, load_masks, schur_levels
 from .checks import FLOAT_DTYPES, check_dtype, check_rank, check_same_dtype, check_shape
+from .chunked import advance, load_masks, schur_levels
 from .gdn_cte import MAX_HEAD_DIM, default_mask_pack
 from .mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER
 from .nki_compat import nki, nisa, nl

@@ -24,8 +24,8 @@ supplied) and written once.
 from . import tiles as tl
 from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
                      check_positive_int, check_rank, check_same_dtype, check_shape)
-from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 from .chunked import advance, load_masks, schur_levels
+from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 from .nki_compat import nki, nl
 
 ALGORITHMS = ("schur", "neumann")
