@@ -9,21 +9,45 @@ size doubling 1, 2, 4, ...: ``T <- T - T (A * M_j) T`` at level ``j`` with the l
 import numpy as np
 
 from . import tiles as tl
-from .mask_pack import IDENTITY, N_MASKS
+from .mask_pack import IDENTITY, N_MASKS, NUM_LEVELS
 from .nki_compat import nisa, nl
 
 PSUM_BANK_FP32 = 512  # fp32 elements per partition in one PSUM bank
 
 
-def load_masks(mask_pack, chunk):
-    """The mask pack's top-left ``chunk x chunk`` corners as one SBUF tile ``[chunk, N_MASKS, chunk]``.
+class Masks:
+    """The mask pack on chip (``[chunk, planes, chunk]`` fp32 SBUF tiles, one DMA each).
 
-    One DMA: element ``(p, plane, f)`` of the tile is ``mask_pack[plane, p, f]``.
+    The planes a chunk's preparation reads (triangles, identity, blocks) are loaded at once;
+    the Schur level planes only at their first use, so the first chunk's loads do not queue
+    behind them on the DMA bandwidth.
     """
-    full = mask_pack.shape[1]
-    masks = tl.sbuf((chunk, N_MASKS, chunk))
-    nisa.dma_copy(dst=masks, src=mask_pack.ap(pattern=[[full, chunk], [full * full, N_MASKS], [1, chunk]]))
-    return masks
+
+    def __init__(self, mask_pack, chunk):
+        self.pack = mask_pack
+        self.chunk = chunk
+        self.gate_tile = self._load(NUM_LEVELS, N_MASKS)
+        self.level_tile = None
+
+    def _load(self, first, stop):
+        """Planes ``first .. stop-1``: element ``(p, i, f)`` of the tile is ``mask_pack[first + i, p, f]``."""
+        full = self.pack.shape[1]
+        tile = tl.sbuf((self.chunk, stop - first, self.chunk))
+        nisa.dma_copy(dst=tile, src=self.pack.ap(pattern=[[full, self.chunk], [full * full, stop - first],
+                                                          [1, self.chunk]], offset=first * full * full))
+        return tile
+
+    def plane(self, index):
+        """Plane ``index`` of the pack (a mask_pack constant) as a ``[chunk, chunk]`` view."""
+        if index < NUM_LEVELS:
+            return self.levels(index, index + 1)[:, 0, :]
+        return self.gate_tile[:, index - NUM_LEVELS, :]
+
+    def levels(self, first, stop):
+        """The level planes ``first .. stop-1`` as a ``[chunk, stop - first, chunk]`` view."""
+        if self.level_tile is None:
+            self.level_tile = self._load(0, NUM_LEVELS)
+        return self.level_tile[:, first:stop, :]
 
 
 def _half(tiles, first, count, block, odd):
@@ -42,7 +66,7 @@ def _half(tiles, first, count, block, odd):
 def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
     """Blocked Schur complement, level-major over ``chunks``: ``T <- T - T (A * M_j) T``.
 
-    Each element of ``chunks`` carries ``e_t`` (``E^T``: ``[C, C]`` fp32, strictly causal,
+    ``masks`` is the :class:`Masks` of the kernel. Each element of ``chunks`` carries ``e_t`` (``E^T``: ``[C, C]`` fp32, strictly causal,
     orientation ``[s, r]``), ``beta`` (``[C, 1]``, ``A = diag(beta) E``) and optionally ``t`` /
     ``t_t``: the block-diagonal inverse reached before ``first_level`` and its transpose (None:
     the identity). ``T^T`` is left in ``ch.t_t`` (a ``[C, C]`` view of a group tile); the
@@ -65,11 +89,11 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
     group = len(chunks)
     per_bank = PSUM_BANK_FP32 // (chunk // 2)
     t_all, t_t_all = tl.sbuf((chunk, group, chunk), dtype), tl.sbuf((chunk, group, chunk), dtype)
-    eye = masks[:, IDENTITY, :]
+    eye = masks.plane(IDENTITY)
     for i, ch in enumerate(chunks):
         # every level's blocks of E in one instruction: E^T broadcast over the level axis
         e_levels = ch.e_t.ap(pattern=[[chunk, chunk], [0, levels], [1, chunk]])
-        ch.e_t = tl.binary(e_levels, masks[:, first_level:last + 1, :], nl.multiply, dtype=dtype)
+        ch.e_t = tl.binary(e_levels, masks.levels(first_level, last + 1), nl.multiply, dtype=dtype)
         start_t, start_t_t = (eye, eye) if ch.t is None else (ch.t, ch.t_t)
         nisa.activation(dst=t_all[:, i, :], op=nl.copy, data=start_t)
         nisa.activation(dst=t_t_all[:, i, :], op=nl.copy, data=start_t_t)

@@ -23,7 +23,7 @@ with ``k_s`` on TensorE into column ``s`` of ``A`` / ``P``. Every matmul operand
 
 from . import tiles as tl
 from .checks import FLOAT_DTYPES, check_dtype, check_rank, check_same_dtype, check_shape
-from .chunked import advance, load_masks, schur_levels
+from .chunked import Masks, advance, schur_levels
 from .gdn_cte import MAX_HEAD_DIM, default_mask_pack
 from .mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER
 from .nki_compat import nki, nisa, nl
@@ -48,18 +48,16 @@ def _load_rows(src, length, chunk):
     return tile
 
 
-def _pairwise(g, k_t, bk_t, q_t, masks, length, chunk):
+def _pairwise(g, k_t, bk_t, q_t, masks, upper, length, chunk):
     """``(A^T, P^T)`` of one chunk: ``[C, C]`` fp32, orientation ``[s, t]``, strictly / inclusively causal.
 
     Source tokens go ``SOURCE_BATCH`` at a time: their exponent tiles come from one matmul
     (``SOURCE_BATCH x C`` moving columns) and are clamped, exponentiated and weighted by
     ``(beta k)^T`` / ``q^T`` (side by side in one ``[Dk, 2, C]`` tile) in one instruction each;
     one matmul (``M = 2C``) per source token then gives column ``s`` of ``A`` (rows ``0..C-1``)
-    and of ``P`` (rows ``C..2C-1``).
+    and of ``P`` (rows ``C..2C-1``). ``upper``: the causal mask as a root ``[C, C]`` tile.
     """
     dk = g.shape[1]
-    row = masks.shape[1] * masks.shape[2]  # partition stride of the mask tile
-    upper = masks[:, UPPER, :]
     stacked = tl.sbuf((dk, 2, chunk))
     nisa.tensor_copy(dst=stacked[:, 0, :], src=bk_t)
     nisa.tensor_copy(dst=stacked[:, 1, :], src=q_t)
@@ -68,8 +66,8 @@ def _pairwise(g, k_t, bk_t, q_t, masks, length, chunk):
     for s0 in range(0, length, SOURCE_BATCH):
         n = min(SOURCE_BATCH, length - s0)
         # since[t', i, t] = [t' <= t] - [t' <= s0 + i]: +1 exactly on s < t' <= t
-        since = tl.binary(upper.ap(pattern=[[row, chunk], [0, n], [1, chunk]]),
-                          upper[:, s0:s0 + n].ap(pattern=[[row, chunk], [1, n], [0, chunk]]), nl.subtract)
+        since = tl.binary(upper.ap(pattern=[[chunk, chunk], [0, n], [1, chunk]]),
+                          upper.ap(pattern=[[chunk, chunk], [1, n], [0, chunk]], offset=s0), nl.subtract)
         exponent = tl.scalar(tl.matmul(g, since), nl.minimum, 0.0)       # [d, (i, t)]: G_td - G_sd, t >= s
         decay = tl.activation(exponent, nl.exp)
         weighted = tl.binary(stacked.ap(pattern=[[2 * chunk, dk], [0, n], [chunk, 2], [1, chunk]]),
@@ -77,12 +75,12 @@ def _pairwise(g, k_t, bk_t, q_t, masks, length, chunk):
         for i in range(n):
             nisa.nc_matmul(columns[:, s0 + i:s0 + i + 1], weighted[:, i, :, :], k_t[:, s0 + i:s0 + i + 1])
     both = tl.copy(columns)
-    e_t = tl.binary(tl.transpose(both[0:chunk, :]), masks[:, STRICT_UPPER, :], nl.multiply)
+    e_t = tl.binary(tl.transpose(both[0:chunk, :]), masks.plane(STRICT_UPPER), nl.multiply)
     p_t = tl.binary(tl.transpose(both[chunk:2 * chunk, :]), upper, nl.multiply)
     return e_t, p_t
 
 
-def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, ones_col, chunk):
+def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, upper, ones_col, chunk):
     """Load one (possibly partial) chunk of tokens ``n_tok = (start, length)`` and form its tiles."""
     start, length = n_tok
     rows = nl.ds(start, length)
@@ -95,14 +93,13 @@ def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, ones_col, chun
     ch.wv = _load_rows(v[rows, h, :], length, chunk)
     if w is not None:
         ch.wv = tl.binary(ch.wv, _load_rows(w[rows, h, :], length, chunk), nl.multiply)
-    upper = masks[:, UPPER, :]
     bk = tl.binary(bt, kt, nl.multiply)
     k_t = tl.transpose(kt)
-    ch.e_t, ch.p_t = _pairwise(g, k_t, tl.transpose(bk), tl.transpose(qt), masks, length, chunk)
+    ch.e_t, ch.p_t = _pairwise(g, k_t, tl.transpose(bk), tl.transpose(qt), masks, upper, length, chunk)
     e_g = tl.activation(tl.matmul(upper, g), nl.exp)                          # [t, d] e^{G_td}
     ch.kg = tl.binary(bk, e_g, nl.multiply)
     ch.q_g_t = tl.transpose(tl.binary(qt, e_g, nl.multiply))
-    to_end = tl.activation(tl.matmul(masks[:, STRICT_LOWER, :], g), nl.exp)    # e^{G_C - G_t} per channel
+    to_end = tl.activation(tl.matmul(masks.plane(STRICT_LOWER), g), nl.exp)    # e^{G_C - G_t} per channel
     ch.k_decay = tl.binary(kt, to_end, nl.multiply)
     ch.state_decay = tl.activation(tl.matmul(g, ones_col), nl.exp)            # [Dk, 1] e^{G_C}
     ch.beta = ones_col                                                        # beta already inside A
@@ -124,13 +121,14 @@ def gdn2_kernel(q, k, v, g, beta, w, mask_pack, initial_state=None, cu_seqlens=(
     n_seq = len(cu_seqlens) - 1
     out = nl.ndarray((t_len, hv_size, dv), dtype=q.dtype, buffer=nl.shared_hbm)
     final = nl.ndarray((n_seq, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
-    masks = load_masks(mask_pack, chunk)
+    masks = Masks(mask_pack, chunk)
+    upper = tl.copy(masks.plane(UPPER))  # a root tile: _pairwise broadcasts it with access patterns
     ones_col = tl.filled((chunk, 1), 1.0)
     for n in range(n_seq):
         for h in range(hv_size):
             state = None if initial_state is None else tl.load(initial_state[n, h])
             for n_tok in _chunks_of(cu_seqlens[n], cu_seqlens[n + 1], chunk):
-                ch = _prepare_chunk(q, k, v, g, beta, w, n_tok, h, h // ratio, masks, ones_col, chunk)
+                ch = _prepare_chunk(q, k, v, g, beta, w, n_tok, h, h // ratio, masks, upper, ones_col, chunk)
                 schur_levels([ch], masks, 0, chunk)
                 ch.u = tl.copy(tl.matmul(ch.t_t, ch.wv))
                 ch.w_t = tl.copy(tl.matmul(ch.kg, ch.t_t))

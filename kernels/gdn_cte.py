@@ -24,7 +24,7 @@ supplied) and written once.
 from . import tiles as tl
 from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
                      check_positive_int, check_rank, check_same_dtype, check_shape)
-from .chunked import advance, load_masks, schur_levels
+from .chunked import Masks, advance, schur_levels
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 from .nki_compat import nki, nl
 
@@ -65,13 +65,13 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     g = tl.load(g_log[b, h, ch.rows].reshape((chunk, 1)))
     ch.beta = tl.load(beta[b, h, ch.rows].reshape((chunk, 1)))
     q_t, k_t = tl.transpose(q, cdt), tl.transpose(k, cdt)
-    upper = masks[:, UPPER, :]
+    upper = masks.plane(UPPER)
 
     g_up = tl.scalar(upper, nl.multiply, g)                                    # [t, r] g_t [t <= r]
-    decay_t = tl.activation(tl.matmul(masks[:, STRICT_LOWER, :], g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
+    decay_t = tl.activation(tl.matmul(masks.plane(STRICT_LOWER), g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
     g_cum = tl.copy(tl.matmul(upper, g))                                       # [C, 1]  G_s
     g_rows = tl.scaled_copy(tl.matmul(ones, g_up))                             # [max(C, Dk), C]  G_r per row
-    ch.e_t = tl.binary(tl.matmul(k_t, k_t), tl.binary(decay_t, masks[:, STRICT_UPPER, :], nl.multiply),
+    ch.e_t = tl.binary(tl.matmul(k_t, k_t), tl.binary(decay_t, masks.plane(STRICT_UPPER), nl.multiply),
                        nl.multiply)
     ch.p_t = tl.binary(tl.matmul(k_t, q_t), tl.binary(decay_t, upper, nl.multiply), nl.multiply)
 
@@ -87,7 +87,7 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
 
 def _neumann_blocks(ch, masks):
     """``T`` and ``T^T`` on the 16 x 16 diagonal blocks: ``(I + N)(I + N^2)(I + N^4)(I + N^8)``, ``N = -A``."""
-    eye, block = masks[:, IDENTITY, :], masks[:, BLOCK_DIAG_16, :]
+    eye, block = masks.plane(IDENTITY), masks.plane(BLOCK_DIAG_16)
     a = tl.scalar(tl.transpose(ch.e_t), nl.multiply, ch.beta)                  # A [r, s]
     n = tl.scalar(tl.binary(a, block, nl.multiply), nl.multiply, -1.0)
     n_t = tl.transpose(n)
@@ -135,7 +135,7 @@ def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=No
     final = recurrent_state
     if final is None:
         final = nl.ndarray((b_size, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
-    masks = load_masks(mask_pack, chunk)
+    masks = Masks(mask_pack, chunk)
     ones = tl.filled((chunk, max(chunk, dk)), 1.0)  # G_r broadcast onto max(C, Dk) partitions
     eps = tl.filled((chunk, 1), L2NORM_EPS) if use_qk_l2norm else None
     for b in range(b_size):
