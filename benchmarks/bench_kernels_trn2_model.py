@@ -123,6 +123,21 @@ def group_sweep(s, sizes):
         print(f"{size:10d} {r.modeled_time_s * 1e6:11.2f} {r.tensor_roofline_s / r.modeled_time_s:11.1%}")
 
 
+def targets(kernel_rows, quick):
+    """The issue's modeled targets, each with the figure reached (the quick shapes are too small to judge)."""
+    print("\nTargets (issue 5, modeled)" + ("  [--quick shapes: not representative]" if quick else ""))
+    shares = {name.split()[0] + " " + name.split()[1]: r for name, r in kernel_rows}
+    schur = shares["gdn_cte schur"]
+    checks = [
+        ("gdn_cte schur >= 60 % of the TensorE roofline at S >= 2048", schur.tensor_roofline_s / schur.modeled_time_s,
+         0.60),
+        ("conv1d prefill >= 70 % of the HBM roofline", shares["conv1d prefill"].hbm_roofline_s
+         / shares["conv1d prefill"].modeled_time_s, 0.70),
+    ]
+    for what, reached, bound in checks:
+        print(f"  {what:<60} {reached:6.1%}  {'met' if reached >= bound else 'NOT met'}")
+
+
 def plot(kernel_rows, ratio_rows, path):
     import matplotlib
 
@@ -166,6 +181,7 @@ def main():
     torch.manual_seed(0)
     print("All figures are MODELED trn2 times from the NKI interpreter's cost model, not measurements.\n")
     kernel_rows = kernel_table(kernel_cases(args.quick))
+    targets(kernel_rows, args.quick)
     lengths = (128, 256, 512) if args.quick else (128, 256, 512, 1024, 2048, 4096)
     ratio_rows = schur_vs_neumann(lengths)
     group_sweep(512 if args.quick else 2048, (1, 3, 8, 16))
