@@ -6,12 +6,13 @@ project's CPU interpreter (``kernels.nki_compat``); ``is_available()`` is True o
 real one, so ``backend="auto"`` picks this backend on Neuron machines only, while
 ``backend="nki"`` / ``VLLM_GDN_BACKEND=nki`` runs it interpreted on CPU.
 
-Mapping (per sequence of the packed batch; zero-length sequences pass their state through):
+Mapping (zero-length sequences pass their state through):
 
-- ``gdn_prefill``: tokens permuted to the head-major kernel layout ``[1, H, S, D]`` and padded
-  at the end to the chunk multiple with k = v = 0, g = 0, beta = 0 (exact: a padded token
-  leaves the state unchanged, its output rows are dropped); ``gdn_cte`` "schur" with the
-  sequence's initial state in a fresh buffer it updates in place.
+- ``gdn_prefill``: sequences grouped by their length rounded up to the chunk (128); each group
+  is one ``gdn_cte`` "schur" call with the sequences on the batch axis, in the head-major
+  kernel layout ``[B, H, S, D]``, padded at the end with k = v = 0, g = 0, beta = 0 (exact: a
+  padded token leaves the state unchanged, its output rows are dropped), and the group's
+  initial states in a fresh buffer the kernel updates in place.
 - ``gdn_decode``: ``gdn_recurrent_step`` (fp32 math; q/k/v handed over in fp32) on the
   cache itself (slot rows in place); a non-contiguous cache view goes through a gathered
   copy whose rows are written back.
@@ -55,13 +56,12 @@ def _bounds(cu_seqlens):
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _head_major(x, padded):
-    """``[L, H, ...]`` tokens -> ``[1, H, padded, ...]``, zero rows appended."""
-    x = x.transpose(0, 1)
-    pad = padded - x.shape[1]
-    if pad:
-        x = torch.cat([x, x.new_zeros((x.shape[0], pad) + tuple(x.shape[2:]))], dim=1)
-    return x.unsqueeze(0).contiguous()
+def _head_major(x, bounds, padded):
+    """The sequences ``bounds`` of ``[T, H, ...]`` tokens as ``[B, H, padded, ...]``, zero rows appended."""
+    batch = x.new_zeros((len(bounds), padded) + tuple(x.shape[1:]))
+    for i, (start, end) in enumerate(bounds):
+        batch[i, :end - start] = x[start:end]
+    return batch.transpose(1, 2).contiguous()
 
 
 def _initial_states(initial_state, n_seq, shape, device):
@@ -70,22 +70,29 @@ def _initial_states(initial_state, n_seq, shape, device):
     return initial_state.to(torch.float32).clone()
 
 
+def _by_padded_length(bounds, chunk):
+    """Sequence indices grouped by their length rounded up to ``chunk`` (empty sequences left out)."""
+    groups = {}
+    for n, (start, end) in enumerate(bounds):
+        if end > start:
+            groups.setdefault(-(-(end - start) // chunk) * chunk, []).append(n)
+    return groups
+
+
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
     hv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
     bounds = _bounds(cu_seqlens)
     final = _initial_states(initial_state, len(bounds), (hv, dk, dv), q.device)
     o = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
-    chunk = CHUNK_OF[ALGORITHM]
-    for n, (start, end) in enumerate(bounds):
-        if end == start:
-            continue
-        padded = -(-(end - start) // chunk) * chunk
-        rows = slice(start, end)
-        out, _ = gdn_cte(_head_major(q[rows], padded), _head_major(k[rows], padded),
-                         _head_major(v[rows], padded), _head_major(g[rows], padded),
-                         _head_major(beta[rows], padded), scale=scale, algorithm=ALGORITHM,
-                         recurrent_state=final[n:n + 1], use_qk_l2norm=use_qk_l2norm)
-        o[rows] = out[0, :, :end - start].transpose(0, 1)
+    for padded, members in _by_padded_length(bounds, CHUNK_OF[ALGORITHM]).items():
+        # one kernel call per padded length: the batch axis carries the sequences
+        spans = [bounds[n] for n in members]
+        states = final[members].contiguous()
+        out, _ = gdn_cte(*(_head_major(x, spans, padded) for x in (q, k, v, g, beta)), scale=scale,
+                         algorithm=ALGORITHM, recurrent_state=states, use_qk_l2norm=use_qk_l2norm)
+        final[members] = states
+        for i, (start, end) in enumerate(spans):
+            o[start:end] = out[i, :, :end - start].transpose(0, 1)
     return o, final
 
 
