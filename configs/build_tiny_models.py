@@ -9,7 +9,7 @@ the checkpoint names and layouts are the real ones:
 
 | name | architecture | what it covers |
 |---|---|---|
-| qwen3_5-dense | Qwen3_5ForCausalLM | dense MLP, tied embeddings, GDN GQA 2:4, Dk != Dv |
+| qwen3_5-dense | Qwen3_5ForCausalLM | dense MLP, tied embeddings, GDN GQA 2:4, Dk != Dv, an MTP shard to skip |
 | qwen3_5-moe | Qwen3_5MoeForCausalLM | routed experts + shared expert, untied lm_head |
 | qwen3-next | Qwen3NextForCausalLM | packed per-key-head in_proj_qkvz / in_proj_ba, MoE every 2nd layer |
 | qwen3_5-vl | Qwen3_5ForConditionalGeneration | text under model.language_model., a vision tower to skip |
@@ -162,6 +162,29 @@ def sharpen_router(model) -> None:
                 param.mul_(ROUTER_GAIN)
 
 
+MTP_SHARD = "model-mtp.safetensors"
+
+
+def add_mtp_shard(folder: pathlib.Path, config) -> None:
+    """Add multi-token-prediction tensors as real Qwen3.5 checkpoints carry them (``mtp.*``).
+
+    Only a speculative draft model reads them; a serving model must skip them.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    hidden = config.hidden_size
+    tensors = {
+        "mtp.fc.weight": torch.randn(hidden, 2 * hidden, dtype=torch.bfloat16),
+        "mtp.norm.weight": torch.zeros(hidden, dtype=torch.bfloat16),
+    }
+    save_file(tensors, str(folder / MTP_SHARD), metadata={"format": "pt"})
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update({key: MTP_SHARD for key in tensors})
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+
+
 def build(name: str, out_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
     """Build one tiny checkpoint into ``out_dir / name`` (written whole, then renamed into place)."""
     import torch
@@ -179,6 +202,8 @@ def build(name: str, out_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
     # Small shards so the loader is exercised on a multi-file checkpoint.
     model.save_pretrained(staging, max_shard_size="200KB")
     tokenizer.save_pretrained(staging)
+    if name == "qwen3_5-dense":
+        add_mtp_shard(staging, model.config)
     (staging / "tiny-model.json").write_text(json.dumps({"name": name, "seed": seed}) + "\n")
     if target.exists():
         shutil.rmtree(target)
