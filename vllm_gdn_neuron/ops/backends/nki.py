@@ -14,8 +14,9 @@ Mapping (zero-length sequences pass their state through):
   padded token leaves the state unchanged, its output rows are dropped), and the group's
   initial states in a fresh buffer the kernel updates in place.
 - ``gdn_decode``: ``gdn_recurrent_step`` (fp32 math; q/k/v handed over in fp32) on the
-  cache itself (slot rows in place); a non-contiguous cache view goes through a gathered
-  copy whose rows are written back.
+  cache itself (slot rows in place) in the interpreter; with the real NKI, or for a
+  non-contiguous cache view, on a gathered copy of the rows that is written back
+  (``SLOTS_IN_PLACE``).
 - ``conv1d_prefill`` / ``conv1d_decode``: channel-major ``[1, C, T]`` per sequence /
   ``[N, C, 1]`` batch with the gathered slot states, new states written back to the slots.
 - ``gdn2_prefill``: ``gdn2_chunked`` on the packed tokens with ``cu_seqlens``.
@@ -34,6 +35,11 @@ from vllm_gdn_neuron.kernels.recurrent_step import gdn_recurrent_step
 from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
 
 ALGORITHM = "schur"
+# The step kernel addresses cache slots as trace-time constants. Interpreted, that costs
+# nothing and the kernel updates the cache in place; compiled by the real NKI, every new slot
+# list would be a new kernel, so there the backend gathers the rows and runs the kernel on
+# slots 0..N-1 (one kernel per batch size), then writes the rows back.
+SLOTS_IN_PLACE = using_interpreter
 
 
 def is_available():
@@ -101,7 +107,7 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     out_dtype = q.dtype
     q, k = _normalised(q.float(), k.float(), use_qk_l2norm)
     args = (q.contiguous(), k.contiguous(), v.float().contiguous(), g.contiguous(), beta.contiguous())
-    if state.is_contiguous():
+    if state.is_contiguous() and SLOTS_IN_PLACE:
         return gdn_recurrent_step(*args, state, state_indices.tolist(), scale).to(out_dtype)
     rows = state[state_indices].contiguous()
     out = gdn_recurrent_step(*args, rows, list(range(rows.shape[0])), scale)
