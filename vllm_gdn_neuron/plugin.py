@@ -47,7 +47,7 @@ def prepare_config(vllm_config) -> None:
       the setting (see :func:`vllm_gdn_neuron.layers.gdn_cache.check_gdn_config`).
     """
     from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config
-    from vllm_gdn_neuron.models.attention import MROPE_KEYS
+    from vllm_gdn_neuron.models.attention import MROPE_KEYS, check_attention_heads
 
     model_config = vllm_config.model_config
     text_config = model_config.hf_text_config
@@ -57,9 +57,11 @@ def prepare_config(vllm_config) -> None:
             for key in MROPE_KEYS:
                 rope_parameters.pop(key, None)
     speculative = vllm_config.speculative_config
+    tp_size = vllm_config.parallel_config.tensor_parallel_size
+    check_attention_heads(text_config, tp_size)
     check_gdn_config(
         text_config,
-        tp_size=vllm_config.parallel_config.tensor_parallel_size,
+        tp_size=tp_size,
         num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative else 0,
         mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
         quantization=model_config.quantization,

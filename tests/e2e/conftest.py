@@ -46,12 +46,14 @@ ENGINE_DEFAULTS = dict(
 
 @contextlib.contextmanager
 def engine(model_dir: str, **kwargs):
-    """An in-process ``vllm.LLM``, torn down (distributed state included) on exit."""
+    """An in-process ``vllm.LLM``, torn down (distributed state included) on exit,
+    also when start-up itself fails."""
     from vllm import LLM
     from vllm.distributed import cleanup_dist_env_and_memory
 
-    llm = LLM(model=model_dir, **{**ENGINE_DEFAULTS, **kwargs})
+    llm = None
     try:
+        llm = LLM(model=model_dir, **{**ENGINE_DEFAULTS, **kwargs})
         yield llm
     finally:
         del llm

@@ -27,6 +27,21 @@ def text_rope_parameters(config) -> dict:
     return {k: v for k, v in (config.rope_parameters or {}).items() if k not in MROPE_KEYS}
 
 
+def check_attention_heads(config, tp_size: int) -> None:
+    """Refuse head counts the tensor-parallel split cannot serve.
+
+    Raises:
+        ValueError: unless ``tp_size`` divides ``num_attention_heads`` and divides, or is
+            a multiple of, ``num_key_value_heads`` (KV heads are then replicated).
+    """
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % tp_size or (kv_heads % tp_size and tp_size % kv_heads):
+        raise ValueError(
+            f"tensor_parallel_size must divide num_attention_heads={heads} and divide or be a multiple "
+            f"of num_key_value_heads={kv_heads}; got tensor_parallel_size={tp_size}"
+        )
+
+
 class GatedAttention(nn.Module):
     """Full softmax attention with the Qwen3.5 output gate.
 
@@ -44,13 +59,9 @@ class GatedAttention(nn.Module):
     def __init__(self, config, cache_config: CacheConfig | None, prefix: str) -> None:
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
+        check_attention_heads(config, tp_size)
         total_heads = config.num_attention_heads
         total_kv_heads = config.num_key_value_heads
-        if total_heads % tp_size or (total_kv_heads % tp_size and tp_size % total_kv_heads):
-            raise ValueError(
-                f"tensor_parallel_size={tp_size} must divide num_attention_heads={total_heads} and "
-                f"divide or be a multiple of num_key_value_heads={total_kv_heads}"
-            )
         self.head_dim = config.head_dim
         self.num_heads = total_heads // tp_size
         self.num_kv_heads = max(1, total_kv_heads // tp_size)

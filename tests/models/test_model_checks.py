@@ -1,0 +1,42 @@
+"""Refusals of the model code (attention head split, prefix-cache state copies), each with its message."""
+
+import types
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "tp"), [(4, 2, 3), (6, 4, 3), (4, 4, 8)])
+def test_attention_heads_that_do_not_split_are_refused(heads, kv_heads, tp):
+    from vllm_gdn_neuron.models.attention import check_attention_heads
+
+    config = types.SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads)
+    with pytest.raises(ValueError, match=f"tensor_parallel_size must divide num_attention_heads={heads}.*got tensor_parallel_size={tp}"):
+        check_attention_heads(config, tp)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "tp"), [(4, 2, 2), (4, 2, 4), (8, 1, 4)])
+def test_attention_heads_that_split_pass(heads, kv_heads, tp):
+    from vllm_gdn_neuron.models.attention import check_attention_heads
+
+    check_attention_heads(types.SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads), tp)
+
+
+def test_prefix_cache_copies_the_whole_slot_of_the_current_block():
+    from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    conv_copy, ssm_copy = Qwen3_5ForCausalLM.get_mamba_state_copy_func()
+    conv_state = torch.zeros(6, 5, 4)  # [blocks, C, K]
+    ssm_state = torch.zeros(6, 2, 3, 4)  # [blocks, Hv, Dk, Dv]
+    for copy_func, state in ((conv_copy, conv_state), (ssm_copy, ssm_state)):
+        spec = copy_func(state, block_ids=[5, 2, 4], cur_block_idx=1, num_accepted_tokens=1)
+        assert spec.start_addr == state[2].data_ptr()
+        assert spec.num_elements == state[2].numel()
+
+
+def test_prefix_cache_copy_refuses_speculative_steps():
+    from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    conv_copy, _ = Qwen3_5ForCausalLM.get_mamba_state_copy_func()
+    with pytest.raises(ValueError, match="num_accepted_tokens must be 1 .*got 2"):
+        conv_copy(torch.zeros(3, 5, 4), block_ids=[0, 1], cur_block_idx=0, num_accepted_tokens=2)
