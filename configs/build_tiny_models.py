@@ -14,8 +14,10 @@ the checkpoint names and layouts are the real ones:
 | qwen3-next | Qwen3NextForCausalLM | packed per-key-head in_proj_qkvz / in_proj_ba, MoE every 2nd layer |
 | qwen3_5-vl | Qwen3_5ForConditionalGeneration | text under model.language_model., a vision tower to skip |
 
-``initializer_range`` is large (0.08) so greedy logits are decisive: near-flat logits
-let bf16 rounding flip ties between equally correct implementations.
+``initializer_range`` is large (0.08) and the MoE routers are scaled up (ROUTER_GAIN) so
+greedy decisions are decisive: near-flat logits or near-equal router scores let bf16
+rounding flip ties between equally correct implementations. A folder appears only
+once complete (built aside, then renamed), so ``--if-missing`` never keeps half a model.
 """
 
 import argparse
@@ -27,7 +29,6 @@ import shutil
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "configs" / "tiny-models"
 MODELS = ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl")
-DEFAULT_MODEL = "qwen3_5-dense"
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
