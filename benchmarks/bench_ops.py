@@ -10,8 +10,8 @@ Peers:
   vllm  vLLM's C++ CPU kernels chunk_gated_delta_rule_cpu / fused_sigmoid_gating_delta_rule_update_cpu
         (bf16 only; their decode fuses the Qwen3.5 gating, so ours is timed with the gating too)
 
-Every peer runs with use_qk_l2norm and the default scale on the same inputs; the table shows
-the best of R runs (after a warm-up), the speed-up of ours over each peer (peer time / our time,
+Every peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin within
+each round (see ``race``); the table shows the best round time of each, the speed-up of ours over each peer (peer time / our time,
 > 1 = ours faster) and the max abs difference of the outputs. A PNG plot goes to
 benchmarks/results/bench_ops.png.
 
@@ -43,15 +43,25 @@ DIM = 128
 HEADS = ((16, 16), (16, 32))
 
 
-def best_time(fn, budget_s, max_runs=5):
-    """Best wall time (s) of ``fn`` over up to ``max_runs`` runs after one warm-up, within ``budget_s``."""
-    result = fn()
-    times, start = [], time.perf_counter()
-    while len(times) < max_runs and (not times or time.perf_counter() - start < budget_s):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times), result
+def race(runs, budget_s, max_rounds):
+    """Best wall time (s) of each of ``runs`` (name -> fn), timed round-robin.
+
+    One warm-up round, then rounds that run every fn once, until ``budget_s`` has passed (at
+    least one round) or ``max_rounds``: a burst of load from elsewhere hits every peer alike.
+
+    Returns:
+        ``{name: (best_seconds, result_of_the_warm_up_run)}``.
+    """
+    results = {name: fn() for name, fn in runs.items()}
+    best = {name: float("inf") for name in runs}
+    start, rounds = time.perf_counter(), 0
+    while rounds < max_rounds and (rounds == 0 or time.perf_counter() - start < budget_s):
+        for name, fn in runs.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+        rounds += 1
+    return {name: (best[name], results[name]) for name in runs}
 
 
 def gating_inputs(rows, num_v_heads, gen):
@@ -75,27 +85,29 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
     v = torch.randn(tokens, num_v_heads, DIM, generator=gen).to(dtype)
     g, beta = qwen35_gating(*gating_inputs(tokens, num_v_heads, gen))
     cu = torch.tensor([0, tokens], dtype=torch.int32)
-    row = {}
-    row["ours"], (o, _) = best_time(
-        lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch"), budget_s)
-    if HAVE_VLLM and dtype == torch.bfloat16:
-        row["ours-vcpu"], _ = best_time(
-            lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="vllm_cpu"), budget_s)
     group = num_v_heads // num_k_heads
+    runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0]}
     if hf is not None:
-        row["hf"], (o_hf, _) = best_time(lambda: hf.torch_chunk_gated_delta_rule(
+        runs["hf"] = lambda: hf.torch_chunk_gated_delta_rule(
             q[None].repeat_interleave(group, 2), k[None].repeat_interleave(group, 2), v[None], g[None], beta[None],
-            output_final_state=True, use_qk_l2norm_in_kernel=True), budget_s, max_runs=3)
-        row["hf_diff"] = (o_hf[0].float() - o.float()).abs().max().item()
+            output_final_state=True, use_qk_l2norm_in_kernel=True)[0][0]
     if HAVE_VLLM and dtype == torch.bfloat16:
-        def run_vllm():
-            state = torch.zeros(1, num_v_heads, DIM, DIM)
-            return vllm_ops.chunk_gated_delta_rule_cpu(
-                query=q[None], key=k[None], value=v[None], g=g[None], beta=beta[None].bfloat16(),
-                initial_state=state, output_final_state=True, cu_seqlens=cu, head_first=False,
-                use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32), eps=1e-6)
-        row["vllm"], (o_vllm, _) = best_time(run_vllm, budget_s)
-        row["vllm_diff"] = (o_vllm[0].float() - o.float()).abs().max().item()
+        runs["ours-vcpu"] = lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="vllm_cpu")[0]
+        runs["vllm"] = lambda: vllm_ops.chunk_gated_delta_rule_cpu(
+            query=q[None], key=k[None], value=v[None], g=g[None], beta=beta[None].bfloat16(),
+            initial_state=torch.zeros(1, num_v_heads, DIM, DIM), output_final_state=True, cu_seqlens=cu,
+            head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32),
+            eps=1e-6)[0][0]
+    return _row(race(runs, budget_s, max_rounds=5))
+
+
+def _row(raced):
+    """Times per peer and the max abs output difference of HF / vLLM to ours."""
+    ours = raced["ours"][1].float()
+    row = {name: seconds for name, (seconds, _) in raced.items()}
+    for peer in ("hf", "vllm"):
+        if peer in raced:
+            row[f"{peer}_diff"] = (raced[peer][1].float().reshape(ours.shape) - ours).abs().max().item()
     return row
 
 
@@ -106,40 +118,36 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
     v = torch.randn(batch, num_v_heads, DIM, generator=gen).to(dtype)
     a, b, A_log, dt_bias = gating_inputs(batch, num_v_heads, gen)
     slots = 2 * batch
-    cache = 0.1 * torch.randn(slots, num_v_heads, DIM, DIM, generator=gen)
+    start_cache = 0.1 * torch.randn(slots, num_v_heads, DIM, DIM, generator=gen)
     indices = torch.randperm(slots, generator=gen)[:batch].to(torch.int32)
-    row = {}
+    group = num_v_heads // num_k_heads
+    # Each run advances its own cache in place; the warm-up run (the one compared) starts
+    # from the same cache for every peer.
+    ours_cache, vllm_cache = start_cache.clone(), start_cache.clone()
 
     def run_ours():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
-        return ops.gdn_decode(q, k, v, g, beta, cache, indices, use_qk_l2norm=True, backend="torch")
+        return ops.gdn_decode(q, k, v, g, beta, ours_cache, indices, use_qk_l2norm=True, backend="torch")
 
-    start_cache = cache.clone()
-    row["ours"], _ = best_time(run_ours, budget_s, max_runs=20)
-    cache.copy_(start_cache)
-    o = run_ours()
-    group = num_v_heads // num_k_heads
+    def run_hf():
+        g, beta = qwen35_gating(a, b, A_log, dt_bias)
+        return hf.torch_recurrent_gated_delta_rule(
+            q[:, None].repeat_interleave(group, 2), k[:, None].repeat_interleave(group, 2), v[:, None],
+            g[:, None], beta[:, None], initial_state=start_cache[indices.long()], output_final_state=True,
+            use_qk_l2norm_in_kernel=True)[0][:, 0]
+
+    def run_vllm():
+        return vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu(
+            A_log=A_log, dt_bias=dt_bias, q=q[None], k=k[None], v=v[None], a=a, b=b,
+            initial_state_source=vllm_cache, initial_state_indices=indices,
+            cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
+
+    runs = {"ours": run_ours}
     if hf is not None:
-        def run_hf():
-            g, beta = qwen35_gating(a, b, A_log, dt_bias)
-            return hf.torch_recurrent_gated_delta_rule(
-                q[:, None].repeat_interleave(group, 2), k[:, None].repeat_interleave(group, 2), v[:, None],
-                g[:, None], beta[:, None], initial_state=start_cache[indices.long()], output_final_state=True,
-                use_qk_l2norm_in_kernel=True)
-        row["hf"], (o_hf, _) = best_time(run_hf, budget_s, max_runs=20)
-        row["hf_diff"] = (o_hf[:, 0].float() - o.float()).abs().max().item()
+        runs["hf"] = run_hf
     if HAVE_VLLM and dtype == torch.bfloat16:
-        vllm_cache = start_cache.clone()
-
-        def run_vllm():
-            return vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu(
-                A_log=A_log, dt_bias=dt_bias, q=q[None], k=k[None], v=v[None], a=a, b=b,
-                initial_state_source=vllm_cache, initial_state_indices=indices,
-                cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
-        row["vllm"], _ = best_time(run_vllm, budget_s, max_runs=20)
-        vllm_cache.copy_(start_cache)
-        row["vllm_diff"] = (run_vllm().reshape(batch, num_v_heads, DIM).float() - o.float()).abs().max().item()
-    return row
+        runs["vllm"] = run_vllm
+    return _row(race(runs, budget_s, max_rounds=20))
 
 
 def fmt_ms(seconds):
