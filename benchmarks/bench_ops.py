@@ -10,10 +10,10 @@ Peers:
   vllm  vLLM's C++ CPU kernels chunk_gated_delta_rule_cpu / fused_sigmoid_gating_delta_rule_update_cpu
         (bf16 only; their decode fuses the Qwen3.5 gating, so ours is timed with the gating too)
 
-Every peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin within
-each round (see ``race``); the table shows the best round time of each, the speed-up of ours over each peer (peer time / our time,
-> 1 = ours faster) and the max abs difference of the outputs. A PNG plot goes to
-benchmarks/results/bench_ops.png.
+Every peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin
+within each round (see ``race``); the table shows the best round time of each, the speed-up
+of ours over each peer (peer time / our time, > 1 = ours faster) and the max abs difference
+of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
 
     python benchmarks/bench_ops.py            # the shapes (several minutes on 2 cores)
     python benchmarks/bench_ops.py --quick    # small shapes, a smoke run
