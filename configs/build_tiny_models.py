@@ -13,6 +13,7 @@ the checkpoint names and layouts are the real ones:
 | qwen3_5-moe | Qwen3_5MoeForCausalLM | routed experts + shared expert, untied lm_head |
 | qwen3-next | Qwen3NextForCausalLM | packed per-key-head in_proj_qkvz / in_proj_ba, MoE every 2nd layer |
 | qwen3_5-vl | Qwen3_5ForConditionalGeneration | text under model.language_model., a vision tower to skip |
+| qwen3_5-moe-vl | Qwen3_5MoeForConditionalGeneration | the same for the MoE text decoder |
 
 ``initializer_range`` is large (0.08) and the MoE routers are scaled up (ROUTER_GAIN) so
 greedy decisions are decisive: near-flat logits or near-equal router scores let bf16
@@ -28,7 +29,7 @@ import shutil
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "configs" / "tiny-models"
-MODELS = ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl")
+MODELS = ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl")
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -63,6 +64,9 @@ _COMMON = dict(
     rms_norm_eps=1e-6,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
 )
+
+
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64)
 
 
 def corpus(num_lines: int = 400, seed: int = 0) -> list[str]:
@@ -112,37 +116,29 @@ def build_model(name: str, tokenizer):
         config = tf.Qwen3_5TextConfig(**_text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True))
         return tf.Qwen3_5ForCausalLM(config)
     if name == "qwen3_5-moe":
-        config = tf.Qwen3_5MoeTextConfig(
-            **_text_kwargs(
-                tokenizer,
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                shared_expert_intermediate_size=64,
-                tie_word_embeddings=False,
-            )
-        )
+        config = tf.Qwen3_5MoeTextConfig(**_text_kwargs(tokenizer, **_MOE, tie_word_embeddings=False))
         return tf.Qwen3_5MoeForCausalLM(config)
     if name == "qwen3-next":
         config = tf.Qwen3NextConfig(
             **_text_kwargs(
                 tokenizer,
                 intermediate_size=128,
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                shared_expert_intermediate_size=64,
+                **_MOE,
                 decoder_sparse_step=2,
                 mlp_only_layers=[],
                 tie_word_embeddings=False,
             )
         )
         return tf.Qwen3NextForCausalLM(config)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=8)
     if name == "qwen3_5-vl":
         text = _text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True)
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=8)
         config = tf.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
         return tf.Qwen3_5ForConditionalGeneration(config)
+    if name == "qwen3_5-moe-vl":
+        text = _text_kwargs(tokenizer, **_MOE, tie_word_embeddings=False)
+        config = tf.Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+        return tf.Qwen3_5MoeForConditionalGeneration(config)
     raise ValueError(f"name must be one of {list(MODELS)}; got {name!r}")
 
 

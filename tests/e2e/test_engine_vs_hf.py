@@ -1,6 +1,6 @@
 """Greedy ids of the in-process vLLM engine against transformers ``generate``.
 
-Every tiny model (dense, MoE, Qwen3-Next packed layout, vision-language text part) in
+Every tiny model (dense, MoE, Qwen3-Next packed layout, dense and MoE vision-language text parts) in
 fp32 and bf16; prompts of 1 to 1000 tokens; ``max_num_batched_tokens=128`` so the long
 prompts are prefilled in chunks (GDN states carried between chunks through the cache).
 The same prompts run once as one mixed batch (decodes and prefills in one step) and
@@ -34,7 +34,7 @@ def _greedy(llm, batch: list[list[int]]) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl"])
+@pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
 def test_greedy_ids_match_transformers(tiny_models, model, dtype):
     torch_dtype = getattr(torch, dtype)
     batch = prompts()
