@@ -15,7 +15,7 @@ within each round (see ``race``); the table shows the best round time of each, t
 of ours over each peer (peer time / our time, > 1 = ours faster) and the max abs difference
 of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
 
-    python benchmarks/bench_ops.py            # the issue's shapes (several minutes on 2 cores)
+    python benchmarks/bench_ops.py            # the issue's shapes (~1 min on 2 quiet cores)
     python benchmarks/bench_ops.py --quick    # small shapes, a smoke run
 """
 
