@@ -53,6 +53,35 @@ def check_positive_int(name, value):
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
+def check_token_major_qkv(names, query, key, value, rows, max_head_dim):
+    """query, key ``[rows, Hk, Dk]`` and value ``[rows, Hv, Dv]`` in one float dtype.
+
+    ``names`` are the caller's argument names for the three arrays; ``rows`` names the
+    leading axis in messages (``"T"`` packed tokens, ``"N"`` sequences). Also checks
+    ``Hv % Hk == 0`` and both head sizes against ``max_head_dim``.
+
+    Returns:
+        ``(leading, Hk, Dk, Hv, Dv)``.
+    """
+    q_name, k_name, v_name = names
+    check_rank(q_name, query, 3, f"[{rows}, Hk, Dk]")
+    check_dtype(q_name, query, FLOAT_DTYPES)
+    leading, hk, dk = query.shape
+    check_shape(k_name, key, (leading, hk, dk), f"[{rows}, Hk, Dk]")
+    check_same_dtype(k_name, key, q_name, query)
+    check_rank(v_name, value, 3, f"[{rows}, Hv, Dv]")
+    check_same_dtype(v_name, value, q_name, query)
+    hv, dv = value.shape[1], value.shape[2]
+    if value.shape[0] != leading:
+        raise ValueError(f"{v_name} must have {rows} = {leading} rows, got shape {tuple(value.shape)}")
+    if hv % hk:
+        raise ValueError(
+            f"Hv ({v_name}.shape[1]) must be a multiple of Hk ({k_name}.shape[1]), got Hv={hv}, Hk={hk}")
+    check_at_most(f"Dk ({k_name}.shape[2])", dk, max_head_dim, "one partition tile")
+    check_at_most(f"Dv ({v_name}.shape[2])", dv, max_head_dim, "one partition tile")
+    return leading, hk, dk, hv, dv
+
+
 def check_slots(name, slots, num_slots, count):
     """``slots``: a sequence of ``count`` distinct ints in ``[0, num_slots)``."""
     slots = [int(s) for s in slots]

@@ -22,7 +22,7 @@ with ``k_s`` on TensorE into column ``s`` of ``A`` / ``P``. Every matmul operand
 """
 
 from . import tiles as tl
-from .checks import FLOAT_DTYPES, check_dtype, check_rank, check_same_dtype, check_shape
+from .checks import check_dtype, check_shape, check_token_major_qkv
 from .chunked import Masks, advance, schur_levels
 from .gdn_cte import MAX_HEAD_DIM, default_mask_pack
 from .mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER
@@ -161,21 +161,7 @@ def gdn2_chunked(q, k, v, g, beta, w, cu_seqlens, scale=1.0, initial_state=None,
     Returns:
         ``(o [T, Hv, Dv] in q's dtype, final_state [N, Hv, Dk, Dv] fp32)``.
     """
-    check_rank("q", q, 3, "[T, Hk, Dk]")
-    check_dtype("q", q, FLOAT_DTYPES)
-    t_len, hk, dk = q.shape
-    check_shape("k", k, (t_len, hk, dk), "[T, Hk, Dk]")
-    check_same_dtype("k", k, "q", q)
-    check_rank("v", v, 3, "[T, Hv, Dv]")
-    check_same_dtype("v", v, "q", q)
-    hv, dv = v.shape[1], v.shape[2]
-    if v.shape[0] != t_len:
-        raise ValueError(f"v must have T = {t_len} tokens, got shape {tuple(v.shape)}")
-    if hv % hk:
-        raise ValueError(f"Hv (v.shape[1]) must be a multiple of Hk (k.shape[1]), got Hv={hv}, Hk={hk}")
-    for name, size in (("Dk (k.shape[2])", dk), ("Dv (v.shape[2])", dv)):
-        if size > MAX_HEAD_DIM:
-            raise ValueError(f"{name} must be <= {MAX_HEAD_DIM} (one partition tile), got {size}")
+    t_len, hk, dk, hv, dv = check_token_major_qkv(("q", "k", "v"), q, k, v, "T", MAX_HEAD_DIM)
     for name, gate in (("g", g), ("beta", beta)):
         check_shape(name, gate, (t_len, hv, dk), "[T, Hv, Dk]")
         check_dtype(name, gate, ("float32",))

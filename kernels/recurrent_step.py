@@ -25,7 +25,7 @@ Design notes: ``kernels/docs/recurrent_step.md``; torch mirror: ``recurrent_step
 """
 
 from . import tiles as tl
-from .checks import FLOAT_DTYPES, check_dtype, check_rank, check_same_dtype, check_shape, check_slots
+from .checks import check_dtype, check_rank, check_shape, check_slots, check_token_major_qkv
 from .gdn_cte import MAX_HEAD_DIM
 from .nki_compat import nki, nl
 
@@ -68,21 +68,7 @@ def gdn_recurrent_step(query, key, value, g_log, beta, state, state_indices, sca
     Raises:
         ValueError: naming the argument, before anything is read or written.
     """
-    check_rank("query", query, 3, "[N, Hk, Dk]")
-    check_dtype("query", query, FLOAT_DTYPES)
-    n_seq, hk, dk = query.shape
-    check_shape("key", key, (n_seq, hk, dk), "[N, Hk, Dk]")
-    check_same_dtype("key", key, "query", query)
-    check_rank("value", value, 3, "[N, Hv, Dv]")
-    check_same_dtype("value", value, "query", query)
-    hv, dv = value.shape[1], value.shape[2]
-    if value.shape[0] != n_seq:
-        raise ValueError(f"value must have N = {n_seq} rows (one per sequence), got shape {tuple(value.shape)}")
-    if hv % hk:
-        raise ValueError(f"Hv (value.shape[1]) must be a multiple of Hk (key.shape[1]), got Hv={hv}, Hk={hk}")
-    for name, size in (("Dk (key.shape[2])", dk), ("Dv (value.shape[2])", dv)):
-        if size > MAX_HEAD_DIM:
-            raise ValueError(f"{name} must be <= {MAX_HEAD_DIM} (one partition tile), got {size}")
+    n_seq, hk, dk, hv, dv = check_token_major_qkv(("query", "key", "value"), query, key, value, "N", MAX_HEAD_DIM)
     for name, gate in (("g_log", g_log), ("beta", beta)):
         check_shape(name, gate, (n_seq, hv), "[N, Hv]")
         check_dtype(name, gate, ("float32",))
