@@ -146,3 +146,24 @@ def test_streaming_gives_the_same_text(server):
         server, "/v1/chat/completions", {"messages": messages}, lambda c: c.get("delta", {}).get("content")
     )
     assert streamed_chat == whole_chat["choices"][0]["message"]["content"]
+
+
+BAD_REQUESTS = {
+    "prompt longer than max-model-len": {"prompt": [5] * 5000},
+    "token id outside the vocabulary": {"prompt": [5, 10**6, 7]},
+    "negative max_tokens": {"prompt": "the river", "max_tokens": -3},
+    "unknown model name": {"prompt": "the river", "model": "no-such-model"},
+}
+
+
+@pytest.mark.slow
+def test_bad_requests_are_refused_and_the_server_keeps_serving(server):
+    prompt = _prompt(40, 21)
+    before = _completion(server, prompt=prompt, return_token_ids=True)["choices"][0]["token_ids"]
+    for name, overrides in BAD_REQUESTS.items():
+        body = {"model": SERVED_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0, **overrides}
+        response = requests.post(f"{server}/v1/completions", json=body, timeout=120)
+        assert 400 <= response.status_code < 500, (name, response.status_code, response.text)
+    assert requests.get(f"{server}/health", timeout=10).status_code == 200
+    after = _completion(server, prompt=prompt, return_token_ids=True)["choices"][0]["token_ids"]
+    assert after == before
