@@ -5,14 +5,15 @@ Per chunk of C tokens with state S0 at its start (shared/docs/gdn-math.md, secti
 
     A    strictly lower C x C (beta_r k_r . k_s decayed from s to r), T = (I + A)^-1
     P    lower-inclusive C x C (q_r . k_s decayed from s to r): the intra-chunk attention
-    U    = T (beta V)        [GDN-2: T (w V)]          O  = P U - (P W - exp(G) Q) S0
+    U    = T (beta V)        [GDN-2: T (w V)]          O  = exp(G) Q S0 + P V'
     W    = T (beta exp(G) K) [GDN-2: T (exp(G) beta K)] S1 = exp(G_C) S0 + (exp(G_C - G) K)^T V'
 
 The per-chunk tensors are built for a block of chunks at once (``_scalar_intra`` /
 ``_channel_intra``); the sequential part (``_scan``) is three batched matmuls per chunk step
-over all sequences and heads. With scalar gates the per-token factors (beta, exp(G) and
-exp(G_C - G)) fold into the C x C inverse instead of the C x D operands, and under GQA the
-value heads of one key head share one matmul against that key head's K.
+over all sequences and heads (``V'``, ``exp(G) Q S0`` and the state update); ``P V'`` is then
+one batched matmul over the whole block. With scalar gates beta folds into the C x C inverse
+instead of the C x D operands, and under GQA the value heads of one key head share one matmul
+against that key head's K.
 
 Every exponent is <= 0: pairwise decays are masked to -inf above the diagonal before the exp;
 with channel-wise gates the off-diagonal sub-chunk blocks factor through a reference position
@@ -48,45 +49,33 @@ def _per_value_head(x, group):
 def _scalar_intra(q, k, v, g, beta, group):
     """Per-chunk tensors for scalar gates.
 
-    With d = exp(G_C - G) a per-row scalar, the state update reads diag(d) V' = Ũ - W̃ S0, so
-    ``Ũ = diag(d) U`` and ``W̃ = diag(d) W`` and the keys stay undecayed. P U and P W come from
-    ``P (I + A)^-1`` (a C x C product). Under GQA the value heads of one key head multiply its K
-    in one matmul, their C x C factors stacked along the rows.
+    With ``B = (I + A)^-1 diag(beta)``: ``U = B V`` and ``W = (B diag(exp(G))) K``, the value
+    heads of one key head stacked along the rows of one matmul against its K under GQA.
 
     Args:
         q, k: ``[m, Hk, C, Dk]`` (q scaled, both normalised); v: ``[m, Hv, C, Dv]``;
         g, beta: ``[m, Hv, C]``.
 
     Returns:
-        ``(Ũ, W̃, P W - exp(G) Q, P U, K, chunk_decay)`` for ``_scan``, each ``[m, Hv, ...]``;
+        ``(U, W, exp(G) Q, P, exp(G_C - G) K, chunk_decay)`` for ``_scan``, each ``[m, Hv, ...]``;
         chunk_decay is ``[m, Hv, 1, 1]``.
     """
     m, num_k_heads, size, dim_k = q.shape
-    dim_v = v.shape[-1]
     hv = num_k_heads * group
     cum = g.cumsum(-1).unflatten(1, (num_k_heads, group))                      # [m, Hk, G, C]
     beta = beta.unflatten(1, (num_k_heads, group))
     upper = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
-    decay = _masked_exp(cum[..., :, None] - cum[..., None, :], upper)           # [m, Hk, G, C, C]
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill_(upper, float("-inf")).exp_()  # [m, Hk, G, C, C]
     k_t = k.transpose(-1, -2)
-    inverse = unit_lower_inverse((k @ k_t).unsqueeze(2) * decay * beta[..., :, None])
-    p = (q @ k_t).unsqueeze(2) * decay
+    by_beta = unit_lower_inverse((decay * beta[..., :, None]).mul_((k @ k_t).unsqueeze(2))).mul_(beta[..., None, :])
+    p = decay.mul_((q @ k_t).unsqueeze(2))
+    u = by_beta.view(m, hv, size, size) @ v
     head_decay = cum.exp()
-    to_end = (cum[..., -1:] - cum).exp()[..., :, None]
-    by_beta = inverse * beta[..., None, :]
-    by_beta_decay = inverse * (beta * head_decay)[..., None, :]
-    grouped_v = v.unflatten(1, (num_k_heads, group))
-
-    def against_keys(left):  # [m, Hk, G, C, C] @ K of the key head, one matmul per key head
-        return (left.view(m, num_k_heads, group * size, size) @ k).view(m, hv, size, dim_k)
-
-    u = ((by_beta * to_end) @ grouped_v).view(m, hv, size, dim_v)
-    pu = ((p @ by_beta) @ grouped_v).view(m, hv, size, dim_v)
-    w = against_keys(by_beta_decay * to_end)
-    pw = against_keys(p @ by_beta_decay).view(m, num_k_heads, group, size, dim_k)
-    pw_minus_q = torch.addcmul(pw, head_decay[..., None], q.unsqueeze(2), value=-1).view(m, hv, size, dim_k)
-    keys = k if group == 1 else k.repeat_interleave(group, dim=1)
-    return u, w, pw_minus_q, pu, keys, cum[..., -1].exp().view(m, hv, 1, 1)
+    w = by_beta.mul_(head_decay[..., None, :]).view(m, num_k_heads, group * size, size) @ k
+    decayed_q = (q.unsqueeze(2) * head_decay[..., None]).view(m, hv, size, dim_k)
+    decayed_k = (k.unsqueeze(2) * (cum[..., -1:] - cum).exp_()[..., None]).view(m, hv, size, dim_k)
+    return (u, w.view(m, hv, size, dim_k), decayed_q, p.view(m, hv, size, size), decayed_k,
+            cum[..., -1].exp().view(m, hv, 1, 1))
 
 
 def _channel_intra(q, k, v, g, beta, w, group):
@@ -97,7 +86,7 @@ def _channel_intra(q, k, v, g, beta, w, group):
         w: ``[m, Hv, C, Dv]`` or None.
 
     Returns:
-        ``(U, W, P W - exp(G) Q, P U, exp(G_C - G) K, chunk_decay)`` for ``_scan``, each
+        ``(U, W, exp(G) Q, P, exp(G_C - G) K, chunk_decay)`` for ``_scan``, each
         ``[m, Hv, ...]``; chunk_decay is ``[m, Hv, Dk, 1]`` (per key channel).
     """
     size, sub = q.shape[2], SUB_CHUNK_SIZE
@@ -124,27 +113,26 @@ def _channel_intra(q, k, v, g, beta, w, group):
     head_decay = cum.exp()
     u = inverse @ (v if w is None else w * v)
     w_keys = inverse @ (head_decay * beta_k)
-    return (u, w_keys, torch.addcmul(p @ w_keys, head_decay, q, value=-1), p @ u,
-            (cum[..., -1:, :] - cum).exp() * k, cum[..., -1, :].exp()[..., None])
+    return u, w_keys, head_decay * q, p, (cum[..., -1:, :] - cum).exp() * k, cum[..., -1, :].exp()[..., None]
 
 
-def _scan(state, steps, lo, u, w, pw_minus_q, out, keys, chunk_decay):
+def _scan(state, steps, lo, u, w, decayed_q, keys, chunk_decay, out):
     """Advance the ranked states through the block's chunk steps.
 
-    Per step: ``written = u - w S0``; ``out -= (P W - exp(G) Q) S0`` (``out`` holds P U);
-    ``S1 = chunk_decay * S0 + keys^T written``. ``out`` and ``state`` (ranked order) are updated
-    in place.
+    Per step: ``out = exp(G) Q S0``; ``written = U - W S0`` (in place in ``u``);
+    ``S1 = chunk_decay * S0 + keys^T written``. ``out [m, Hv, C, Dv]``, ``u`` (then V') and
+    ``state`` (ranked order) are written in place.
     """
-    heads, size, dim_k, dim_v = u.shape[1], u.shape[2], w.shape[3], u.shape[3]
+    heads, size, dim_v = u.shape[1:]
+    dim_k = w.shape[3]
     for offset, active in steps:
         chunks = slice(offset - lo, offset - lo + active)
-        flat = (active * heads,)
-        s = state[:active].view(flat + (dim_k, dim_v))
-        written = torch.baddbmm(u[chunks].view(flat + (size, dim_v)), w[chunks].view(flat + (size, dim_k)), s,
-                                alpha=-1)
-        out[chunks].view(flat + (size, dim_v)).baddbmm_(pw_minus_q[chunks].view(flat + (size, dim_k)), s, alpha=-1)
+        flat = active * heads
+        s = state[:active].view(flat, dim_k, dim_v)
+        torch.bmm(decayed_q[chunks].view(flat, size, dim_k), s, out=out[chunks].view(flat, size, dim_v))
+        written = u[chunks].view(flat, size, dim_v).baddbmm_(w[chunks].view(flat, size, dim_k), s, alpha=-1)
         s.view(active, heads, dim_k, dim_v).mul_(chunk_decay[chunks])
-        s.baddbmm_(keys[chunks].view(flat + (size, dim_k)).transpose(1, 2), written)
+        s.baddbmm_(keys[chunks].view(flat, size, dim_k).transpose(1, 2), written)
 
 
 def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, block_chunks):
@@ -164,9 +152,10 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
         if use_qk_l2norm:
             chunk_k.mul_(qk_factors(chunk_k, 1.0, True))
         chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gates]
-        u, w, pw_minus_q, o, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
-        _scan(state, steps, lo, u, w, pw_minus_q, o, keys, chunk_decay)
-        layout.scatter(out, o, lo, hi)
+        u, w, decayed_q, p, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
+        o = torch.empty_like(u)
+        _scan(state, steps, lo, u, w, decayed_q, keys, chunk_decay, o)
+        layout.scatter(out, o.flatten(0, 1).baddbmm_(p.flatten(0, 1), u.flatten(0, 1)).view(o.shape), lo, hi)
     final_state = torch.empty_like(state)
     final_state[layout.order] = state
     return out[:-1], final_state

@@ -36,7 +36,6 @@ def unit_lower_inverse(lower):
     """
     n = lower.shape[-1]
     size = min(BASE_BLOCK, n)
-    lower = lower.tril(-1)
     blocks = _diagonal_blocks(lower, size)
     inverse = torch.eye(size, dtype=lower.dtype, device=lower.device).expand(blocks.shape).clone()
     for row in range(1, size):
