@@ -46,6 +46,17 @@ def _per_value_head(x, group):
     return x.unsqueeze(2).expand(x.shape[0], x.shape[1], group, *x.shape[2:])
 
 
+def _scaled_per_value_head(x, factor):
+    """``x [m, Hk, C, D]`` times ``factor [m, Hk, G, C]`` -> ``[m, Hk * G, C, D]``.
+
+    The output is allocated contiguous up front: left to broadcasting, torch picks a slow
+    iteration order for this [m, Hk, 1, C, D] x [m, Hk, G, C, 1] product.
+    """
+    m, num_k_heads, group, size = factor.shape
+    out = x.new_empty(m, num_k_heads, group, size, x.shape[-1])
+    return torch.mul(x.unsqueeze(2), factor[..., None], out=out).view(m, num_k_heads * group, size, -1)
+
+
 def _scalar_intra(q, k, v, g, beta, group):
     """Per-chunk tensors for scalar gates.
 
@@ -72,10 +83,8 @@ def _scalar_intra(q, k, v, g, beta, group):
     u = by_beta.view(m, hv, size, size) @ v
     head_decay = cum.exp()
     w = by_beta.mul_(head_decay[..., None, :]).view(m, num_k_heads, group * size, size) @ k
-    decayed_q = (q.unsqueeze(2) * head_decay[..., None]).view(m, hv, size, dim_k)
-    decayed_k = (k.unsqueeze(2) * (cum[..., -1:] - cum).exp_()[..., None]).view(m, hv, size, dim_k)
-    return (u, w.view(m, hv, size, dim_k), decayed_q, p.view(m, hv, size, size), decayed_k,
-            cum[..., -1].exp().view(m, hv, 1, 1))
+    return (u, w.view(m, hv, size, dim_k), _scaled_per_value_head(q, head_decay), p.view(m, hv, size, size),
+            _scaled_per_value_head(k, (cum[..., -1:] - cum).exp_()), cum[..., -1].exp().view(m, hv, 1, 1))
 
 
 def _channel_intra(q, k, v, g, beta, w, group):
