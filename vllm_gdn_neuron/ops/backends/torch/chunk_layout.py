@@ -73,13 +73,13 @@ class ChunkLayout:
     def gather(self, x, lo, hi):
         """Chunks ``lo .. hi`` of ``x [T, H, *rest]`` -> float32 ``[hi - lo, H, C, *rest]``, padding zero."""
         slots = slice(lo * self.chunk_size, hi * self.chunk_size)
-        rows = x[self.source_index[slots]]
-        rows[self.is_padding[slots]] = 0
+        rows = x.index_select(0, self.source_index[slots])
+        rows.masked_fill_(self.is_padding[slots].view(-1, *(1,) * (x.dim() - 1)), 0)
         chunks = rows.unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2)
         return torch.empty(chunks.shape, dtype=torch.float32, device=chunks.device).copy_(chunks)
 
     def scatter(self, out, chunks, lo, hi):
         """Write chunks ``lo .. hi`` (``[hi - lo, H, C, D]``) into ``out [T + 1, H, D]``."""
         index = self.token_index[lo * self.chunk_size:hi * self.chunk_size]
-        out[index] = chunks.transpose(1, 2).reshape(index.numel(), *out.shape[1:]).to(out.dtype)
-
+        rows = torch.empty(chunks.shape[0], chunks.shape[2], *out.shape[1:], dtype=out.dtype, device=out.device)
+        out.index_copy_(0, index, rows.copy_(chunks.transpose(1, 2)).flatten(0, 1))
