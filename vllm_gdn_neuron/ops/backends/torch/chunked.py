@@ -31,8 +31,8 @@ CHUNK_SIZE = 64
 #: Sub-chunk size of the GDN-2 intra-chunk matrices (diagonal blocks use a [B, B, Dk] exp).
 SUB_CHUNK_SIZE = 16
 #: Chunks whose intra-chunk tensors are built together: bounds the temporaries (and keeps them
-#: closer to cache; 8 chunks x 16 heads x 64 x 128 fp32 = 4 MiB a tensor).
-GDN_BLOCK_CHUNKS = 8
+#: closer to cache; 4 chunks x 16 heads x 64 x 128 fp32 = 2 MiB a tensor).
+GDN_BLOCK_CHUNKS = 4
 GDN2_BLOCK_CHUNKS = 8
 
 
