@@ -36,9 +36,9 @@ GDN_BLOCK_CHUNKS = 4
 GDN2_BLOCK_CHUNKS = 8
 
 
-def _masked_exp(diff, mask):
-    """exp of pairwise log-decays, -inf (-> 0) where ``mask`` is set, before the exp."""
-    return diff.masked_fill(mask, float("-inf")).exp()
+def _masked_exp_(diff, mask):
+    """exp of pairwise log-decays, -inf (-> 0) where ``mask`` is set, before the exp; in place."""
+    return diff.masked_fill_(mask, float("-inf")).exp_()
 
 
 def _per_value_head(x, group):
@@ -76,7 +76,7 @@ def _scalar_intra(q, k, v, g, beta, group):
     cum = g.cumsum(-1).unflatten(1, (num_k_heads, group))                      # [m, Hk, G, C]
     beta = beta.unflatten(1, (num_k_heads, group))
     upper = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill_(upper, float("-inf")).exp_()  # [m, Hk, G, C, C]
+    decay = _masked_exp_(cum[..., :, None] - cum[..., None, :], upper)        # [m, Hk, G, C, C]
     k_t = k.transpose(-1, -2)
     by_beta = unit_lower_inverse((decay * beta[..., :, None]).mul_((k @ k_t).unsqueeze(2))).mul_(beta[..., None, :])
     p = decay.mul_((q @ k_t).unsqueeze(2))
@@ -109,7 +109,7 @@ def _channel_intra(q, k, v, g, beta, w, group):
     for lo in range(0, size, sub):
         rows = slice(lo, lo + sub)
         cum_i, k_i = cum[..., rows, :], k[..., rows, :]
-        pair_decay = _masked_exp(cum_i[..., :, None, :] - cum_i[..., None, :, :], upper)
+        pair_decay = _masked_exp_(cum_i[..., :, None, :] - cum_i[..., None, :, :], upper)
         a[..., rows, rows] = (beta_k[..., rows, None, :] * k_i[..., None, :, :] * pair_decay).sum(-1)
         p[..., rows, rows] = (q[..., rows, None, :] * k_i[..., None, :, :] * pair_decay).sum(-1)
         if lo:
