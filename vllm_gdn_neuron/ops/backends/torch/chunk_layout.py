@@ -27,6 +27,8 @@ class ChunkLayout:
         source_index: ``[M * C]`` token_index with padding slots pointing at token 0 (read,
             then zeroed), so that gathers read the caller's tensors without a padded copy.
         is_padding: ``[M * C]`` bool, the padding slots.
+        padded_chunks: ``[M]`` bool on the CPU, the chunks with padding slots (the last chunk of
+            each sequence whose length is not a multiple of C).
     """
 
     def __init__(self, cu_seqlens, chunk_size, device):
@@ -47,8 +49,10 @@ class ChunkLayout:
         self.num_chunks = offset
         if offset == 0:
             self.token_index = torch.zeros(0, dtype=torch.int64, device=device)
+            self.padded_chunks = torch.zeros(0, dtype=torch.bool)
         else:
             start, end = torch.cat(starts), torch.cat(ends)
+            self.padded_chunks = end - start < chunk_size
             slot = start[:, None] + torch.arange(chunk_size)
             self.token_index = torch.where(slot < end[:, None], slot, self.num_tokens).reshape(-1).to(device)
         self.is_padding = self.token_index == self.num_tokens
@@ -74,7 +78,8 @@ class ChunkLayout:
         """Chunks ``lo .. hi`` of ``x [T, H, *rest]`` -> float32 ``[hi - lo, H, C, *rest]``, padding zero."""
         slots = slice(lo * self.chunk_size, hi * self.chunk_size)
         rows = x.index_select(0, self.source_index[slots])
-        rows.masked_fill_(self.is_padding[slots].view(-1, *(1,) * (x.dim() - 1)), 0)
+        if self.padded_chunks[lo:hi].any():
+            rows[self.is_padding[slots]] = 0
         chunks = rows.unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2)
         return torch.empty(chunks.shape, dtype=torch.float32, device=chunks.device).copy_(chunks)
 
