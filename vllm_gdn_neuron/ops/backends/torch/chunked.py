@@ -27,12 +27,15 @@ from .chunk_layout import ChunkLayout
 from .common import qk_factors
 from .triangular import unit_lower_inverse
 
-CHUNK_SIZE = 64
+#: Chunk sizes C. Scalar gates: 32 measured faster than 64 (less C x C work, C x D operands of
+#: the same total size per block); channel-wise gates keep 64.
+GDN_CHUNK_SIZE = 32
+GDN2_CHUNK_SIZE = 64
 #: Sub-chunk size of the GDN-2 intra-chunk matrices (diagonal blocks use a [B, B, Dk] exp).
 SUB_CHUNK_SIZE = 16
 #: Chunks whose intra-chunk tensors are built together: bounds the temporaries (and keeps them
-#: closer to cache; 4 chunks x 16 heads x 64 x 128 fp32 = 2 MiB a tensor).
-GDN_BLOCK_CHUNKS = 4
+#: closer to cache; 8 chunks x 16 heads x 32 x 128 fp32 = 2 MiB a tensor).
+GDN_BLOCK_CHUNKS = 8
 GDN2_BLOCK_CHUNKS = 8
 
 
@@ -144,11 +147,11 @@ def _scan(state, steps, lo, u, w, decayed_q, keys, chunk_decay, out):
         s.baddbmm_(keys[chunks].view(flat, size, dim_k).transpose(1, 2), written)
 
 
-def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, block_chunks):
+def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, chunk_size, block_chunks):
     """Shared driver: pack into chunks, build per-chunk tensors per block, scan, unpack."""
     num_v_heads, dim_v, dim_k = v.shape[1], v.shape[2], q.shape[2]
     group = num_v_heads // q.shape[1]
-    layout = ChunkLayout(cu_seqlens, CHUNK_SIZE, q.device)
+    layout = ChunkLayout(cu_seqlens, chunk_size, q.device)
     num_seqs = cu_seqlens.numel() - 1
     if initial_state is None:
         state = v.new_zeros(num_seqs, num_v_heads, dim_k, dim_v, dtype=torch.float32)
@@ -173,10 +176,10 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
     """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
     return _chunked(q, k, v, (g, beta), cu_seqlens, initial_state, scale, use_qk_l2norm, _scalar_intra,
-                    GDN_BLOCK_CHUNKS)
+                    GDN_CHUNK_SIZE, GDN_BLOCK_CHUNKS)
 
 
 def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm):
     """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
     return _chunked(q, k, v, (g, beta, w), cu_seqlens, initial_state, scale, use_qk_l2norm, _channel_intra,
-                    GDN2_BLOCK_CHUNKS)
+                    GDN2_CHUNK_SIZE, GDN2_BLOCK_CHUNKS)

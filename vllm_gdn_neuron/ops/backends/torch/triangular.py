@@ -29,7 +29,7 @@ def unit_lower_inverse(lower):
 
     Args:
         lower: ``[..., n, n]`` float32; only the strictly lower triangle is read. n is a power
-            of two times a divisor of 16 (64 in this backend).
+            of two times a divisor of 16 (32 and 64 in this backend).
 
     Returns:
         ``[..., n, n]`` unit lower triangular.
