@@ -60,24 +60,26 @@ sequential_range = affine_range
 static_range = affine_range
 
 
+def _grid_axis(op: str, axis: int):
+    """The running launch and ``axis`` checked against its grid (None outside a grid launch)."""
+    execution = _runtime.current(op)
+    if not execution.grid:
+        return None
+    if not 0 <= axis < len(execution.grid):
+        raise ValueError(f"{op}: axis must be in [0, {len(execution.grid)}), got {axis}")
+    return execution
+
+
 def program_id(axis: int = 0) -> int:
     """Index of the running program along grid ``axis`` (0 outside a grid launch)."""
-    execution = _runtime.current("nl.program_id")
-    if not execution.grid:
-        return 0
-    if not 0 <= axis < len(execution.grid):
-        raise ValueError(f"nl.program_id: axis must be in [0, {len(execution.grid)}), got {axis}")
-    return execution.program_id[axis]
+    execution = _grid_axis("nl.program_id", axis)
+    return 0 if execution is None else execution.program_id[axis]
 
 
 def num_programs(axis: int = 0) -> int:
     """Size of the launch grid along ``axis`` (1 outside a grid launch)."""
-    execution = _runtime.current("nl.num_programs")
-    if not execution.grid:
-        return 1
-    if not 0 <= axis < len(execution.grid):
-        raise ValueError(f"nl.num_programs: axis must be in [0, {len(execution.grid)}), got {axis}")
-    return execution.grid[axis]
+    execution = _grid_axis("nl.num_programs", axis)
+    return 1 if execution is None else execution.grid[axis]
 
 
 def program_ndim() -> int:
