@@ -272,18 +272,25 @@ def tensor_copy(dst, src, engine=None, name=None):
     _record(execution, unit, "tensor_copy", dst, (src,), elements=dst.size, partitions=dst.shape[0])
 
 
+def _two_tile_inputs(op: str, dst, first: tuple, second: tuple) -> None:
+    """Checks of an elementwise instruction reading two tiles: on chip, not both in PSUM,
+    each laid out like ``dst``. ``first`` / ``second`` are ``(argument name, tile)``."""
+    (name_a, a), (name_b, b) = first, second
+    _operand(op, "dst", dst, ON_CHIP)
+    _operand(op, name_a, a, ON_CHIP)
+    _operand(op, name_b, b, ON_CHIP)
+    if a.buffer == PSUM and b.buffer == PSUM:
+        raise refuse(op, f"{name_a} and {name_b}", "are both in PSUM; at most one of them may be in PSUM")
+    _same_layout(op, dst, name_a, a)
+    _same_layout(op, dst, name_b, b)
+
+
 def tensor_tensor(dst, data1, data2, op, name=None):
     """``dst = data1 <op> data2`` elementwise on VectorE; not both inputs in PSUM."""
     name_ = "nisa.tensor_tensor"
     execution = _runtime.current(name_)
-    _operand(name_, "dst", dst, ON_CHIP)
-    _operand(name_, "data1", data1, ON_CHIP)
-    _operand(name_, "data2", data2, ON_CHIP)
-    if data1.buffer == PSUM and data2.buffer == PSUM:
-        raise refuse(name_, "data1 and data2", "are both in PSUM; at most one tensor_tensor input may be in PSUM")
+    _two_tile_inputs(name_, dst, ("data1", data1), ("data2", data2))
     fn = _ops.resolve(op, name_, "op", "binary").binary
-    _same_layout(name_, dst, "data1", data1)
-    _same_layout(name_, dst, "data2", data2)
     with np.errstate(all="ignore"):
         value = fn(_read(data1).reshape(dst.shape), _read(data2).reshape(dst.shape))
     _store(dst, value)
@@ -322,13 +329,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     """``dst = (data <op0> operand0) <op1> operand1`` with operand0 scalar / [P, 1], operand1 a tile."""
     op = "nisa.scalar_tensor_tensor"
     execution = _runtime.current(op)
-    _operand(op, "dst", dst, ON_CHIP)
-    _operand(op, "data", data, ON_CHIP)
-    _operand(op, "operand1", operand1, ON_CHIP)
-    if data.buffer == PSUM and operand1.buffer == PSUM:
-        raise refuse(op, "data and operand1", "are both in PSUM; at most one may be in PSUM")
-    _same_layout(op, dst, "data", data)
-    _same_layout(op, dst, "operand1", operand1)
+    _two_tile_inputs(op, dst, ("data", data), ("operand1", operand1))
     fn0 = _ops.resolve(op0, op, "op0", "binary").binary
     fn1 = _ops.resolve(op1, op, "op1", "binary").binary
     a0 = _column(op, "operand0", operand0, data)
@@ -398,13 +399,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     """
     op = "nisa.tensor_tensor_scan"
     execution = _runtime.current(op)
-    _operand(op, "dst", dst, ON_CHIP)
-    _operand(op, "data0", data0, ON_CHIP)
-    _operand(op, "data1", data1, ON_CHIP)
-    if data0.buffer == PSUM and data1.buffer == PSUM:
-        raise refuse(op, "data0 and data1", "are both in PSUM; at most one scan input may be in PSUM")
-    _same_layout(op, dst, "data0", data0)
-    _same_layout(op, dst, "data1", data1)
+    _two_tile_inputs(op, dst, ("data0", data0), ("data1", data1))
     fn0 = _ops.resolve(op0, op, "op0", "binary").binary
     fn1 = _ops.resolve(op1, op, "op1", "binary").binary
     partitions = dst.shape[0]
