@@ -13,15 +13,16 @@ Caches (page-major, one page per sequence; see ``vllm_gdn_neuron.ops.step`` for 
 - ``conv_cache [P, C, K]`` float32 or the activation dtype: the last K raw inputs, oldest first.
 - ``ssm_cache [P, Hv, Dk, Dv]`` float32 or bfloat16 (math in float32), K-major.
 
-Padding rows and sequences sit on the caller's pad page; their outputs are zeros, and a padding
-row writes its page back unchanged. A sequence without ``has_state`` starts from zeros whatever
-its page holds (``torch.where``, so stale NaNs on a recycled page do not leak in).
+Padding rows and sequences sit on the caller's pad page, whose content is unspecified: their
+outputs are zeros, they touch no other page, and nothing they read reaches a live output (NaNs
+included). A sequence without ``has_state`` starts from zeros whatever its page holds
+(``torch.where``, so stale NaNs on a recycled page do not leak in).
 """
 
 import torch
 import torch.nn.functional as F
 
-from .backends.torch import chunked
+from .backends.torch import chunked, recurrent
 from .backends.torch.common import prepare_qk
 from .step import DecodeStep, PrefillStep
 from .validation import ACTIVATION_DTYPES, check_choice, check_heads, check_tensor, resolve_scale
@@ -138,7 +139,9 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
 
     Per value head: ``S <- exp(g) S``; ``v_new = beta (v - S^T k)``; ``S <- S + k v_new^T``;
     ``o = S^T q`` (q scaled), with both reads of the undecayed state in one matmul
-    ``[k; q]^T S``.
+    ``[k; q]^T S``. Traced (or with a bfloat16 cache) the rows are gathered, stepped and written
+    back whole; run eagerly on a float32 cache, the torch backend updates them in place (same
+    math, a third of the state traffic; it loops over rows on the host, eager only).
 
     Args:
         q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
@@ -155,6 +158,15 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     _check_step(step, DecodeStep)
     dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
     scale = resolve_scale(scale, dim_k)
+    real = step.is_real[:, None, None]
+    if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
+        # Eager: the torch backend's step updates the pages where they are (a gathered copy
+        # would triple the state traffic of a bandwidth-bound step). Padding rows run on zero
+        # inputs (q = k = v = 0, g = beta = 0), which leave their page unchanged.
+        inputs = [torch.where(real, x, 0) for x in (q, k, v)]
+        inputs += [torch.where(step.is_real[:, None], x, 0.0) for x in (g, beta)]
+        o = recurrent.gdn_decode(*inputs, ssm_cache, step.pages, scale, bool(use_qk_l2norm))
+        return torch.where(real, o, 0)
     group = v.shape[1] // q.shape[1]
     rows = ssm_cache.index_select(0, step.pages)
     state = rows.float()
@@ -165,7 +177,6 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     v_new = beta[..., None] * (v.float() - decay * reads[:, :, 0])
     o = decay * reads[:, :, 1] + (k_q[:, :, 0] * k_q[:, :, 1]).sum(-1, keepdim=True) * v_new
     new = state * decay[..., None] + k_q[:, :, 0, :, None] * v_new[:, :, None, :]
-    real = step.is_real[:, None, None]
     ssm_cache.index_copy_(0, step.pages, torch.where(real[..., None], new.to(rows.dtype), rows))
     return torch.where(real, o, 0.0).to(v.dtype)
 

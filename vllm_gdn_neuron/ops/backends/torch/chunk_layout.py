@@ -96,7 +96,9 @@ class ChunkLayout:
     def __init__(self, cu_seqlens, chunk_size, device, plan=None):
         if plan is None:
             plan = ChunkPlan.exact(cu_seqlens, chunk_size)
-        bounds = cu_seqlens.to(device=device, dtype=torch.int64)
+        bounds = cu_seqlens.to(torch.int64)
+        if bounds.device != device:
+            bounds = bounds.to(device)
         self.num_tokens = plan.num_tokens
         self.chunk_size = chunk_size
         self.padded_chunks = plan.padded
