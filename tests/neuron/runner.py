@@ -127,6 +127,7 @@ class HarnessRunner:
         self.prefill_buckets, self.decode_buckets = sorted(prefill_buckets), sorted(decode_buckets)
         self.max_model_len, self.pad_slot = max_model_len, pad_slot
         self.recorder = GraphRecorder()
+        torch._dynamo.reset()  # a fresh compile cache, as in a new runner process
         self.forward = (torch.compile(self.model, fullgraph=True, dynamic=False, backend=self.recorder)
                         if compile else self.model)
         self._allocate(num_blocks, block_size)

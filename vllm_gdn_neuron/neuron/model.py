@@ -94,7 +94,10 @@ class NeuronDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.mixer(positions, hidden, attn_metadata[self.mixer.layer_name], is_decode)
+        name = self.mixer.layer_name
+        if name not in attn_metadata:
+            raise ValueError(f"attn_metadata has no entry for layer {name!r}: the step cannot advance its cache")
+        hidden = self.mixer(positions, hidden, attn_metadata[name], is_decode)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.tp_group.all_reduce(self.mlp(hidden)), residual
 
