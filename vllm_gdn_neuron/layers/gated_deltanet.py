@@ -144,3 +144,59 @@ def gdn_mix(
     if rest or not parts:
         parts.append(qkv.new_zeros(rest, dims.num_v_heads, dims.head_v_dim))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def gdn_mix_dispatched(
+    dims: GDNDims,
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    conv_weight: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    caches: GDNCaches,
+    decode: "ops.DecodeStep | None",
+    prefill: "ops.PrefillStep | None",
+) -> torch.Tensor:
+    """:func:`gdn_mix` through the public, backend-dispatched ops (``$VLLM_GDN_BACKEND``), eager only.
+
+    Same arguments, result and page updates as :func:`gdn_mix`; the ops check their
+    inputs on every call and may read values on the host, so this is for eager engines
+    whose chosen backend (``nki`` in its interpreter, ``vllm_cpu``) has no paged ops.
+    """
+    parts = []
+    start = 0
+    ssm = caches.ssm
+    if decode is not None:
+        stop = start + decode.num_rows
+        pages = decode.pages
+        x = ops.conv1d_decode(qkv[start:stop], conv_weight, caches.conv, pages)
+        q, k, v = dims.split_heads(x)
+        g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
+        if ssm.dtype == torch.float32:
+            parts.append(ops.gdn_decode(q, k, v, g, beta, ssm, pages, use_qk_l2norm=True))
+        else:  # a bf16 recurrent cache is staged through float32 rows
+            staged = ssm.index_select(0, pages).float()
+            rows = torch.arange(staged.shape[0], device=pages.device)
+            parts.append(ops.gdn_decode(q, k, v, g, beta, staged, rows, use_qk_l2norm=True))
+            ssm.index_copy_(0, pages, staged.to(ssm.dtype))
+        start = stop
+    if prefill is not None:
+        stop = start + prefill.num_tokens
+        real = start + int(prefill.query_start_loc[-1])
+        pages, fresh = prefill.pages, ~prefill.has_state
+        bounds = prefill.query_start_loc
+        conv0 = torch.where(fresh[:, None, None], 0, caches.conv.index_select(0, pages))
+        x, conv1 = ops.conv1d_prefill(qkv[start:real], conv_weight, bounds, initial_state=conv0)
+        caches.conv.index_copy_(0, pages, conv1.to(caches.conv.dtype))
+        q, k, v = dims.split_heads(x)
+        g, beta = gdn_gates(a[start:real], b[start:real], A_log, dt_bias)
+        ssm0 = torch.where(fresh[:, None, None, None], 0, ssm.index_select(0, pages).float())
+        o, ssm1 = ops.gdn_prefill(q, k, v, g, beta, bounds, initial_state=ssm0, use_qk_l2norm=True)
+        ssm.index_copy_(0, pages, ssm1.to(ssm.dtype))
+        parts += [o, o.new_zeros(stop - real, dims.num_v_heads, dims.head_v_dim)]
+        start = stop
+    rest = qkv.shape[0] - start
+    if rest or not parts:
+        parts.append(qkv.new_zeros(rest, dims.num_v_heads, dims.head_v_dim))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
