@@ -81,7 +81,10 @@ class PrefillStep:
         bounds = query_start_loc.to(torch.int64)
         device = bounds.device
         tokens = torch.arange(num_tokens, dtype=torch.int64, device=device)
-        token_seq = torch.searchsorted(bounds[1:], tokens, right=True)
+        # Sequence of token t = how many sequences end at or before t (a cumsum of end marks).
+        ends = torch.zeros(num_tokens + 1, dtype=torch.int64, device=device)
+        ends.index_add_(0, bounds[1:].clamp(max=num_tokens), torch.ones_like(bounds[1:]))
+        token_seq = ends.cumsum(0)[:num_tokens]
         if exact_plan:
             plan = ChunkPlan.exact(bounds.cpu(), GDN_CHUNK_SIZE, num_tokens)
         else:
