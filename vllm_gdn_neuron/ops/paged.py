@@ -24,10 +24,18 @@ import torch.nn.functional as F
 
 from .backends.torch import chunked, recurrent
 from .backends.torch.common import prepare_qk
+from .conv1d import ACTIVATIONS
 from .step import DecodeStep, PrefillStep
-from .validation import ACTIVATION_DTYPES, check_choice, check_heads, check_tensor, resolve_scale
+from .validation import (
+    ACTIVATION_DTYPES,
+    check_choice,
+    check_conv_weight,
+    check_qkv,
+    check_tensor,
+    conv_state_dtypes,
+    resolve_scale,
+)
 
-ACTIVATIONS = ("silu", None)
 F32 = (torch.float32,)
 SSM_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -39,18 +47,14 @@ def _check_step(step, kind):
 
 def _check_conv(x, weight, conv_cache, rows_label, rows, activation):
     _, channels = check_tensor("x", x, ((rows_label, rows), ("C", None)), ACTIVATION_DTYPES)
-    _, width = check_tensor("weight", weight, (("C", channels), ("K", None)), ACTIVATION_DTYPES)
-    cache_dtypes = F32 if x.dtype == torch.float32 else (torch.float32, x.dtype)
-    check_tensor("conv_cache", conv_cache, (("P", None), ("C", channels), ("K", width)), cache_dtypes)
+    width = check_conv_weight(weight, channels)
+    check_tensor("conv_cache", conv_cache, (("P", None), ("C", channels), ("K", width)), conv_state_dtypes(x))
     check_choice("activation", activation, ACTIVATIONS)
     return channels, width
 
 
 def _check_gdn(q, k, v, g, beta, ssm_cache, rows_label, rows):
-    _, num_k_heads, dim_k = check_tensor("q", q, ((rows_label, rows), ("Hk", None), ("Dk", None)), ACTIVATION_DTYPES)
-    check_tensor("k", k, ((rows_label, rows), ("Hk", num_k_heads), ("Dk", dim_k)), (q.dtype,))
-    _, num_v_heads, dim_v = check_tensor("v", v, ((rows_label, rows), ("Hv", None), ("Dv", None)), (q.dtype,))
-    check_heads(num_k_heads, num_v_heads)
+    _, _, dim_k, num_v_heads, dim_v = check_qkv(q, k, v, rows_label, rows)
     check_tensor("g", g, ((rows_label, rows), ("Hv", num_v_heads)), F32)
     check_tensor("beta", beta, ((rows_label, rows), ("Hv", num_v_heads)), F32)
     check_tensor("ssm_cache", ssm_cache, (("P", None), ("Hv", num_v_heads), ("Dk", dim_k), ("Dv", dim_v)),
