@@ -14,7 +14,7 @@ import torch
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels import reference
-from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_gates, gdn_mix, gdn_mix_dispatched
+from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_gates, gdn_mix
 
 TOLERANCE = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 
@@ -33,11 +33,11 @@ def _reference(dims, x, a, b, weight, A_log, dt_bias, conv0, ssm0, bounds):
     return torch.cat(outs), convs, ssms
 
 
-@pytest.mark.parametrize("mix", [gdn_mix, gdn_mix_dispatched], ids=["paged", "dispatched"])
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dispatched"])
 @pytest.mark.parametrize(("dtype", "ssm_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
                                                   (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize(("hk", "hv", "dk", "dv"), [(2, 4, 8, 6), (1, 3, 6, 8), (2, 2, 8, 8)])
-def test_mixed_decode_and_prefill_step_matches_the_float64_references(mix, dtype, ssm_dtype, hk, hv, dk, dv):
+def test_mixed_decode_and_prefill_step_matches_the_float64_references(paged, dtype, ssm_dtype, hk, hv, dk, dv):
     torch.manual_seed(0)
     dims = GDNDims(hk, hv, dk, dv, conv_kernel=4)
     channels, pages = dims.conv_dim, 10
@@ -60,7 +60,7 @@ def test_mixed_decode_and_prefill_step_matches_the_float64_references(mix, dtype
     prefill = ops.PrefillStep.build(qsl, torch.tensor(prefill_pages), torch.tensor(has_state), num_prefill)
     conv_before, ssm_before = conv_cache.clone(), ssm_cache.clone()
     caches = GDNCaches(conv=conv_cache, ssm=ssm_cache)
-    core = mix(dims, x, a, b, weight, A_log, dt_bias, caches, decode, prefill)
+    core = gdn_mix(dims, x, a, b, weight, A_log, dt_bias, caches, decode, prefill, paged=paged)
 
     # reference, sequence by sequence
     n_dec = len(decode_pages)

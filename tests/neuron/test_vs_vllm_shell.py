@@ -5,24 +5,13 @@ A GQA 4:1 variant with Dk == Dv (built here with the builder's own functions) ru
 head layouts the tiny checkpoints lack are covered by both shells and by transformers.
 """
 
-import importlib.util
 import pathlib
 
 import pytest
 import torch
 
-from conftest import builder
-from oracle import hf_greedy
+from conftest import builder, e2e
 from test_harness import FAST_WORKLOAD, check, run_harness
-
-E2E_CONFTEST = pathlib.Path(__file__).resolve().parents[1] / "e2e" / "conftest.py"
-
-
-def _engine():
-    spec = importlib.util.spec_from_file_location("e2e_conftest", E2E_CONFTEST)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # sets VLLM_ENABLE_V1_MULTIPROCESSING=0 (in-process engine)
-    return module.engine
 
 
 def build_gqa4_model(out: pathlib.Path) -> str:
@@ -48,7 +37,7 @@ def test_neuron_shell_ids_equal_the_vllm_shell_ids(tiny_model, tmp_path, model):
     model_dir = build_gqa4_model(tmp_path / "gqa4") if model == "gqa4" else tiny_model(model)
     result = run_harness(model_dir, FAST_WORKLOAD, prefill_buckets=(32,), decode_buckets=(4,), num_blocks=24)
     check(result, model_dir, FAST_WORKLOAD)
-    with _engine()(model_dir, dtype="float32", enable_prefix_caching=False) as llm:
+    with e2e.engine(model_dir, dtype="float32", enable_prefix_caching=False) as llm:
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in result["prompts"]],
             [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n, _ in FAST_WORKLOAD],

@@ -107,6 +107,8 @@ def gdn_mix(
     caches: GDNCaches,
     decode: "ops.DecodeStep | None",
     prefill: "ops.PrefillStep | None",
+    *,
+    paged: bool = True,
 ) -> torch.Tensor:
     """Run the decode rows, then the prefill tokens, of one step; the pages advance in place.
 
@@ -120,6 +122,10 @@ def gdn_mix(
         conv_weight: ``[C, K]``; A_log, dt_bias: ``[Hv]`` float32.
         caches: the layer's pages.
         decode, prefill: the step's metadata (None for a part with no tokens).
+        paged: run the trace-safe paged ops (torch math; the only choice inside a compiled
+            graph). False: the public ops, which dispatch to ``$VLLM_GDN_BACKEND`` (``nki``
+            in its interpreter, ``vllm_cpu``) and check their inputs on the host at every
+            call: eager engines only.
 
     Returns:
         ``core [T, Hv, Dv]`` in qkv's dtype; zeros for tokens of neither part.
@@ -128,17 +134,15 @@ def gdn_mix(
     start = 0
     if decode is not None:
         stop = start + decode.num_rows
-        x = ops.paged_conv1d_decode(qkv[start:stop], conv_weight, caches.conv, decode)
-        q, k, v = dims.split_heads(x)
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        parts.append(ops.paged_gdn_decode(q, k, v, g, beta, caches.ssm, decode, use_qk_l2norm=True))
+        mix = _paged_decode if paged else _dispatched_decode
+        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, decode))
         start = stop
     if prefill is not None:
         stop = start + prefill.num_tokens
-        x = ops.paged_conv1d_prefill(qkv[start:stop], conv_weight, caches.conv, prefill)
-        q, k, v = dims.split_heads(x)
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        parts.append(ops.paged_gdn_prefill(q, k, v, g, beta, caches.ssm, prefill, use_qk_l2norm=True))
+        mix = _paged_prefill if paged else _dispatched_prefill
+        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, prefill))
         start = stop
     rest = qkv.shape[0] - start
     if rest or not parts:
@@ -146,57 +150,36 @@ def gdn_mix(
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def gdn_mix_dispatched(
-    dims: GDNDims,
-    qkv: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    conv_weight: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    caches: GDNCaches,
-    decode: "ops.DecodeStep | None",
-    prefill: "ops.PrefillStep | None",
-) -> torch.Tensor:
-    """:func:`gdn_mix` through the public, backend-dispatched ops (``$VLLM_GDN_BACKEND``), eager only.
+def _paged_decode(dims, qkv, conv_weight, g, beta, caches, step):
+    q, k, v = dims.split_heads(ops.paged_conv1d_decode(qkv, conv_weight, caches.conv, step))
+    return ops.paged_gdn_decode(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
 
-    Same arguments, result and page updates as :func:`gdn_mix`; the ops check their
-    inputs on every call and may read values on the host, so this is for eager engines
-    whose chosen backend (``nki`` in its interpreter, ``vllm_cpu``) has no paged ops.
-    """
-    parts = []
-    start = 0
-    ssm = caches.ssm
-    if decode is not None:
-        stop = start + decode.num_rows
-        pages = decode.pages
-        x = ops.conv1d_decode(qkv[start:stop], conv_weight, caches.conv, pages)
-        q, k, v = dims.split_heads(x)
-        g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        if ssm.dtype == torch.float32:
-            parts.append(ops.gdn_decode(q, k, v, g, beta, ssm, pages, use_qk_l2norm=True))
-        else:  # a bf16 recurrent cache is staged through float32 rows
-            staged = ssm.index_select(0, pages).float()
-            rows = torch.arange(staged.shape[0], device=pages.device)
-            parts.append(ops.gdn_decode(q, k, v, g, beta, staged, rows, use_qk_l2norm=True))
-            ssm.index_copy_(0, pages, staged.to(ssm.dtype))
-        start = stop
-    if prefill is not None:
-        stop = start + prefill.num_tokens
-        real = start + int(prefill.query_start_loc[-1])
-        pages, fresh = prefill.pages, ~prefill.has_state
-        bounds = prefill.query_start_loc
-        conv0 = torch.where(fresh[:, None, None], 0, caches.conv.index_select(0, pages))
-        x, conv1 = ops.conv1d_prefill(qkv[start:real], conv_weight, bounds, initial_state=conv0)
-        caches.conv.index_copy_(0, pages, conv1.to(caches.conv.dtype))
-        q, k, v = dims.split_heads(x)
-        g, beta = gdn_gates(a[start:real], b[start:real], A_log, dt_bias)
-        ssm0 = torch.where(fresh[:, None, None, None], 0, ssm.index_select(0, pages).float())
-        o, ssm1 = ops.gdn_prefill(q, k, v, g, beta, bounds, initial_state=ssm0, use_qk_l2norm=True)
-        ssm.index_copy_(0, pages, ssm1.to(ssm.dtype))
-        parts += [o, o.new_zeros(stop - real, dims.num_v_heads, dims.head_v_dim)]
-        start = stop
-    rest = qkv.shape[0] - start
-    if rest or not parts:
-        parts.append(qkv.new_zeros(rest, dims.num_v_heads, dims.head_v_dim))
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+def _paged_prefill(dims, qkv, conv_weight, g, beta, caches, step):
+    q, k, v = dims.split_heads(ops.paged_conv1d_prefill(qkv, conv_weight, caches.conv, step))
+    return ops.paged_gdn_prefill(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
+
+
+def _dispatched_decode(dims, qkv, conv_weight, g, beta, caches, step):
+    pages, ssm = step.pages, caches.ssm
+    q, k, v = dims.split_heads(ops.conv1d_decode(qkv, conv_weight, caches.conv, pages))
+    if ssm.dtype == torch.float32:
+        return ops.gdn_decode(q, k, v, g, beta, ssm, pages, use_qk_l2norm=True)
+    staged = ssm.index_select(0, pages).float()  # a bf16 recurrent cache, staged through float32 rows
+    o = ops.gdn_decode(q, k, v, g, beta, staged, torch.arange(staged.shape[0], device=pages.device),
+                       use_qk_l2norm=True)
+    ssm.index_copy_(0, pages, staged.to(ssm.dtype))
+    return o
+
+
+def _dispatched_prefill(dims, qkv, conv_weight, g, beta, caches, step):
+    real = int(step.query_start_loc[-1])  # host read: eager only
+    pages, fresh, bounds = step.pages, ~step.has_state, step.query_start_loc
+    conv0 = torch.where(fresh[:, None, None], 0, caches.conv.index_select(0, pages))
+    x, conv1 = ops.conv1d_prefill(qkv[:real], conv_weight, bounds, initial_state=conv0)
+    caches.conv.index_copy_(0, pages, conv1.to(caches.conv.dtype))
+    q, k, v = dims.split_heads(x)
+    ssm0 = torch.where(fresh[:, None, None, None], 0, caches.ssm.index_select(0, pages).float())
+    o, ssm1 = ops.gdn_prefill(q, k, v, g[:real], beta[:real], bounds, initial_state=ssm0, use_qk_l2norm=True)
+    caches.ssm.index_copy_(0, pages, ssm1.to(caches.ssm.dtype))
+    return torch.cat([o, o.new_zeros(qkv.shape[0] - real, dims.num_v_heads, dims.head_v_dim)])

@@ -12,7 +12,7 @@ shell); this module only adapts vLLM's pieces to it:
   and shared by every GDN layer of the step;
 - backend: the trace-safe paged ops (torch math) by default; when ``$VLLM_GDN_BACKEND``
   chooses another backend (``nki`` in its interpreter, ``vllm_cpu``) the same step runs
-  through the public ops that dispatch to it (``gdn_mix_dispatched``).
+  through the public ops that dispatch to it (``gdn_mix(..., paged=False)``).
 
 A step without this layer's metadata is refused, except vLLM's profiling run: vLLM runs
 the model once with ``attn_metadata=None`` before it allocates the cache, and then no
@@ -31,7 +31,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix, gdn_mix_dispatched
+from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.ops.dispatch import select_backend
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.layers.norms import GatedRMSNorm
@@ -163,8 +163,8 @@ class GatedDeltaNet(nn.Module, MambaBase):
             conv_cache, ssm_cache = cache
             decode, prefill = engine_step(step, conv_cache.shape[0])
             paged = select_backend("auto", "gdn_prefill", qkv.device).__name__.endswith(".torch")
-            core = (gdn_mix if paged else gdn_mix_dispatched)(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
-                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill)
+            core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
+                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill, paged=paged)
         out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
         out, _ = self.out_proj(out.view(num_tokens, self.value_dim))
         return out
