@@ -62,10 +62,16 @@ HOST_READ_OPS = frozenset({"_local_scalar_dense", "item", "nonzero", "nonzero_st
                            "_unique2", "unique_consecutive", "unique_dim", "masked_select", "argwhere"})
 
 
+# Tensor methods of a Dynamo graph that leave the device.
+HOST_READ_METHODS = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "unique"})
+
+
 def host_reads(graph_module) -> list[str]:
-    """Nodes of an ATen graph that read device data on the host, or copy a tensor to another device."""
+    """Nodes of a Dynamo or ATen graph that read device data on the host, or copy a tensor to another device."""
     found = []
     for node in graph_module.graph.nodes:
+        if node.op == "call_method" and node.target in HOST_READ_METHODS:
+            found.append(f"Tensor.{node.target}")
         if node.op != "call_function":
             continue
         overload = getattr(node.target, "_overloadpacket", None)

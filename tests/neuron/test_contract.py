@@ -159,3 +159,17 @@ def test_the_harness_passes_every_metadata_key_the_shell_reads(dense):
     metadata = runner._metadata([None], [None] * 4, 4, 16)
     for entry in metadata.values():
         assert set(contract.METADATA_KEYS) <= set(entry)
+
+
+def test_the_host_read_scan_finds_host_reads():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from runner import host_reads
+
+    def reads(x):
+        return torch.nonzero(x), x.to("meta"), x.sum().item()
+
+    found = host_reads(make_fx(reads, tracing_mode="symbolic")(torch.ones(3)))
+    assert "nonzero" in found and "_local_scalar_dense" in found
+    assert any(r.startswith("_to_copy(device=") for r in found)
+    assert host_reads(make_fx(lambda x: (x * 2).index_select(0, torch.zeros(1, dtype=torch.long)))(torch.ones(3))) == []

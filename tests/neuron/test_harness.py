@@ -44,7 +44,7 @@ def run_harness(model_dir, workload, dtype="float32", **runner_kwargs):
         graphs=len(runner.recorder.dynamo_graphs),
         buckets=buckets,
         graph_breaks=sum(torch._dynamo.utils.counters["graph_break"].values()),
-        host_reads=[r for g in runner.recorder.aten_graphs for r in host_reads(g)],
+        host_reads=[r for g in runner.recorder.dynamo_graphs + runner.recorder.aten_graphs for r in host_reads(g)],
     )
 
 

@@ -113,3 +113,15 @@ def test_load_weights_refuses_an_incomplete_or_misshaped_checkpoint(tmp_path, ti
     model = _build(dense_config)
     with pytest.raises(ValueError, match=message):
         model.load_weights(str(folder), "cpu", None)
+
+
+@pytest.mark.slow
+def test_from_configs_reads_the_engine_limits_of_the_current_vllm_config(dense_config):
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+
+    scheduler = SchedulerConfig(max_num_seqs=4, max_model_len=512, max_num_batched_tokens=256,
+                                is_encoder_decoder=False)
+    with set_current_vllm_config(VllmConfig(scheduler_config=scheduler, cache_config=CacheConfig(block_size=32))):
+        with pytest.raises(ValueError, match=r"neuron_config.num_seqs_buckets must not exceed max_num_seqs=4; got \[2, 8\]"):
+            _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 8]))
+        _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 4]))
