@@ -53,6 +53,7 @@ GDN_CASES = [
     (1, 4, 16, 16, BF16, -1.0, False, F32),
     (2, 2, 8, 24, BF16, -20.0, True, F32),
     (2, 4, 16, 8, F32, -1.0, False, BF16),
+    (2, 4, 64, 64, BF16, -1.0, False, F32),    # real models' head size class (64 / 128)
 ]
 
 
