@@ -144,8 +144,8 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     ``o = S^T q`` (q scaled), with both reads of the undecayed state in one matmul
     ``[k; q]^T S``. Traced (or with a bfloat16 cache) the rows are gathered, stepped and written
     back whole; run eagerly on a float32 cache, the torch backend updates them in place (same
-    math; the gathered copy measured 2.4x slower for 32 rows of 32 x 128 x 128 on CPU; the
-    in-place step loops over rows on the host, so eager only).
+    math, padding rows left out; the gathered copy measured 2.4x slower for 32 rows of
+    32 x 128 x 128 on CPU; the in-place step loops over rows on the host, so eager only).
 
     Args:
         q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
@@ -162,11 +162,8 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     _check_step(step, DecodeStep)
     dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
     scale = resolve_scale(scale, dim_k)
-    real = step.is_real[:, None, None]
     if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
-        # Eager: the torch backend's step updates the pages where they are.
-        o = recurrent.gdn_decode(q, k, v, g, beta, ssm_cache, step.pages, scale, bool(use_qk_l2norm))
-        return torch.where(real, o, 0.0)
+        return _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm))
     group = v.shape[1] // q.shape[1]
     state = ssm_cache.index_select(0, step.pages).float()
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
@@ -177,7 +174,22 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     o = decay * reads[:, :, 1] + (k_q[:, :, 0] * k_q[:, :, 1]).sum(-1, keepdim=True) * v_new
     new = state * decay[..., None] + k_q[:, :, 0, :, None] * v_new[:, :, None, :]
     ssm_cache.index_copy_(0, step.pages, new.to(ssm_cache.dtype))
-    return torch.where(real, o, 0.0).to(v.dtype)
+    return torch.where(step.is_real[:, None, None], o, 0.0).to(v.dtype)
+
+
+def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm):
+    """Eager decode through the torch backend, which updates the pages where they are.
+
+    The backend takes distinct pages, so padding rows (which share the pad page) are left out;
+    whether there are any is one host read of ``[N]`` booleans, done only eagerly.
+    """
+    if bool(step.is_real.all()):
+        return recurrent.gdn_decode(q, k, v, g, beta, ssm_cache, step.pages, scale, use_qk_l2norm)
+    real = step.is_real
+    o = v.new_zeros(v.shape)
+    o[real] = recurrent.gdn_decode(q[real], k[real], v[real], g[real], beta[real], ssm_cache, step.pages[real],
+                                   scale, use_qk_l2norm)
+    return o
 
 
 def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
