@@ -60,8 +60,9 @@ class LoopIndex(int):
 
     On the device the loop is not unrolled: its index is a loop register, usable in index
     arithmetic (``+``, ``-``, ``*`` with ints, giving another index) and as a tensor index,
-    but not as a Python value: comparisons, ``bool()``, ``//``, ``%`` and using it to index a
-    Python list or tuple are refused, as the compiler cannot resolve them at trace time.
+    but not as a Python value: comparisons, ``bool()``, ``//`` and ``%`` are refused, as the
+    compiler cannot resolve them at trace time. (Indexing a Python list with it cannot be
+    caught here - CPython reads an int subclass's value directly - and is equally invalid.)
     """
 
     def _affine(self, other, result):
