@@ -98,10 +98,10 @@ def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, upper, ones_co
     e_t, p_t = _pairwise(g, k_t, tl.transpose(bk), tl.transpose(qt), masks, upper, length, chunk)
     ch.e_t = e_t
     ch.p_t = p_t
-    e_g = tl.activation(tl.matmul(upper, g), nl.exp)                          # [t, d] e^{G_td}
+    e_g = tl.activation(tl.mask_matmul(upper, g), nl.exp)                          # [t, d] e^{G_td}
     ch.kg = tl.binary(bk, e_g, nl.multiply)
     ch.q_g_t = tl.transpose(tl.binary(qt, e_g, nl.multiply))
-    to_end = tl.activation(tl.matmul(masks.plane(STRICT_LOWER), g), nl.exp)    # e^{G_C - G_t} per channel
+    to_end = tl.activation(tl.mask_matmul(masks.plane(STRICT_LOWER), g), nl.exp)    # e^{G_C - G_t} per channel
     ch.k_decay = tl.binary(kt, to_end, nl.multiply)
     ch.state_decay = tl.activation(tl.matmul(g, ones_col), nl.exp)            # [Dk, 1] e^{G_C}
     ch.beta = ones_col                                                        # beta already inside A

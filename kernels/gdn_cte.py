@@ -70,9 +70,9 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     upper = masks.plane(UPPER)
 
     g_up = tl.scalar(upper, nl.multiply, g)                                    # [t, r] g_t [t <= r]
-    decay_t = tl.activation(tl.matmul(masks.plane(STRICT_LOWER), g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
-    g_cum = tl.copy(tl.matmul(upper, g))                                       # [C, 1]  G_s
-    g_rows = tl.scaled_copy(tl.matmul(ones, g_up))                             # [max(C, Dk), C]  G_r per row
+    decay_t = tl.activation(tl.mask_matmul(masks.plane(STRICT_LOWER), g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
+    g_cum = tl.copy(tl.mask_matmul(upper, g))                                  # [C, 1]  G_s
+    g_rows = tl.scaled_copy(tl.mask_matmul(ones, g_up))                        # [max(C, Dk), C]  G_r per row
     ch.e_t = tl.binary(tl.matmul(k_t, k_t), tl.binary(decay_t, masks.plane(STRICT_UPPER), nl.multiply),
                        nl.multiply)
     ch.p_t = tl.binary(tl.matmul(k_t, q_t), tl.binary(decay_t, upper, nl.multiply), nl.multiply)
