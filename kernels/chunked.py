@@ -97,8 +97,8 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
         e_levels = ch.e_t.ap(pattern=[[chunk, chunk], [0, levels], [1, chunk]])
         ch.e_t = tl.binary(e_levels, masks.levels(first_level, last + 1), nl.multiply, dtype=dtype)
         start_t, start_t_t = (eye, eye) if ch.t is None else (ch.t, ch.t_t)
-        nisa.activation(dst=t_all[:, i, :], op=nl.copy, data=start_t)
-        nisa.activation(dst=t_t_all[:, i, :], op=nl.copy, data=start_t_t)
+        nisa.tensor_copy(dst=t_all[:, i, :], src=start_t, engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=t_t_all[:, i, :], src=start_t_t, engine=nisa.engine.gpsimd)
     for level in range(first_level, last + 1):
         block = 2**level
         y_all = tl.sbuf((chunk, group, chunk), dtype)

@@ -36,7 +36,7 @@ ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
 NEUMANN_FIRST_SCHUR_LEVEL = 4  # the 16 x 16 blocks come from Neumann products; levels 16, 32 remain
 MAX_HEAD_DIM = 128
-L2NORM_EPS = 1e-6  # x * rsqrt(sum(x^2) + eps), gdn-math.md section 1
+L2NORM_EPS = 1e-6  # x * rsqrt(sum(x^2) + eps), docs/gdn-math.md section 1
 MAX_GROUP_SIZE = 16  # 16 chunks in flight: ~136 KiB of 192 KiB SBUF per partition at Dk = Dv = 128, fp32
 
 
@@ -78,9 +78,9 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     ch.p_t = tl.binary(tl.matmul(k_t, q_t), tl.binary(decay_t, upper, nl.multiply), nl.multiply)
 
     e_g = tl.activation(g_cum, nl.exp)
-    ch.k_decay = tl.scaled_copy(k, decay_t[:, chunk - 1:chunk])                # e^{G_C - G_s} k_s
-    ch.kb = tl.scaled_copy(k, tl.binary(ch.beta, e_g, nl.multiply), dtype=cdt)
-    ch.bv = tl.scaled_copy(v, ch.beta, dtype=cdt)
+    ch.k_decay = tl.gpsimd_scaled(k, decay_t[:, chunk - 1:chunk])               # e^{G_C - G_s} k_s
+    ch.kb = tl.gpsimd_scaled(k, tl.binary(ch.beta, e_g, nl.multiply), dtype=cdt)
+    ch.bv = tl.gpsimd_scaled(v, ch.beta, dtype=cdt)
     ch.q_g_t = tl.binary(q_t, tl.activation(g_rows[0:dk, :], nl.exp), nl.multiply, dtype=cdt)
     ch.state_decay = tl.activation(g_rows[0:dk, chunk - 1:chunk], nl.exp)     # [Dk, 1]  e^{G_C}
     ch.t = None  # schur_levels starts from the identity

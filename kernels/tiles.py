@@ -79,6 +79,17 @@ def scaled_copy(src, scale=1.0, dtype=nl.float32):
     return activation(src, nl.copy, scale=scale, dtype=dtype)
 
 
+def gpsimd_scaled(src, column, dtype=nl.float32):
+    """``src * column`` (``column`` a ``[P, 1]`` tile or a scalar) into a fresh SBUF tile on GpSimd.
+
+    For SBUF sources only (GpSimd cannot access PSUM): it takes such copies off the busier
+    ScalarE / VectorE queues.
+    """
+    dst = sbuf(src.shape, dtype)
+    nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=column, engine=nisa.engine.gpsimd)
+    return dst
+
+
 def transpose(src, dtype=nl.float32):
     """``src[P, F]^T`` as a fresh ``[F, P]`` SBUF tile of ``dtype`` (TensorE transpose, ScalarE evacuation).
 
