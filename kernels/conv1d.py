@@ -206,7 +206,7 @@ def gdn_conv1d_prefill(mixed, conv_weight, conv_state=None, activation="silu", s
         if conv_state is None:
             raise ValueError("state_slots needs conv_state (the conv cache [pages, C, K] the slots index)")
         check_shape("conv_state", conv_state, (conv_state.shape[0], channels, width), "[pages, C, K]")
-        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+        check_slots("state_slots", state_slots,
                     conv_state.shape[0], b_size)
     elif conv_state is not None:
         check_shape("conv_state", conv_state, (b_size, channels, width), "[B, C, K]")
@@ -252,7 +252,7 @@ def gdn_conv1d_decode(x, conv_state, conv_weight, activation="silu", state_slots
         check_shape("conv_state", conv_state, (b_size, channels, width), "[B, C, K]")
     else:
         check_shape("conv_state", conv_state, (conv_state.shape[0], channels, width), "[pages, C, K]")
-        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+        check_slots("state_slots", state_slots,
                     conv_state.shape[0], b_size)
     check_dtype("conv_state", conv_state, FLOAT_DTYPES)
     cache = _copy_of(conv_state) if state_slots is None else conv_state

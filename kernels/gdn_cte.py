@@ -277,7 +277,7 @@ def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_p
     if state_slots is not None:
         if recurrent_state is None:
             raise ValueError("state_slots needs recurrent_state (the state cache the slots index)")
-        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+        check_slots("state_slots", state_slots,
                     recurrent_state.shape[0], b_size)
     if not isinstance(use_qk_l2norm, bool):
         raise ValueError(f"use_qk_l2norm must be a bool, got {use_qk_l2norm!r}")

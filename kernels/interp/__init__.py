@@ -65,7 +65,7 @@ Refusals (``NkiHardwareError``, a ``ValueError``; message = op, operand, limit):
 Cost model: ``with interp.cost.record() as rec: kernel(...)``; ``rec.report()`` gives a
     :class:`~.cost.CostReport` (modeled time, per-engine busy share, TensorE utilisation,
     HBM bytes, roofline; ``.table()`` prints them, each labelled "modeled");
-    ``rec.instructions`` is the trace. See ``cost.py`` and ``README.md``.
+    ``rec.instructions`` is the trace. See ``cost.py`` and ``docs/kernels/interpreter.md``.
 """
 
 from . import api as nki
