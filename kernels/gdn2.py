@@ -133,16 +133,16 @@ def gdn2_kernel(q, k, v, g, beta, w, mask_pack, initial_state=None, cu_seqlens=(
     ones_col = tl.filled((chunk, 1), 1.0)
     for n in range(n_seq):
         for h in range(hv_size):
-            state = None if initial_state is None else tl.load(initial_state[n, h])
+            state = tl.filled((dk, dv), 0.0) if initial_state is None else tl.load(initial_state[n, h])
+            fresh = initial_state is None
             for n_tok in _chunks_of(cu_seqlens[n], cu_seqlens[n + 1], chunk):
                 ch = _prepare_chunk(q, k, v, g, beta, w, n_tok, h, h // ratio, masks, upper, ones_col, chunk)
                 schur_levels([ch], masks, 0, chunk)
                 ch.u = tl.copy(tl.matmul(ch.t_t, ch.wv))
                 ch.w_t = tl.copy(tl.matmul(ch.kg, ch.t_t))
-                o, state = advance(ch, state, scale, nl.float32, q.dtype)
+                o = advance(ch, state, scale, nl.float32, q.dtype, fresh)
+                fresh = False
                 tl.store(out[nl.ds(ch.start, ch.length), h, :], o[0:ch.length, :])
-            if state is None:
-                state = tl.filled((dk, dv), 0.0)
             tl.store(final[n, h], state)
     return out, final
 

@@ -120,30 +120,55 @@ def _finish_chunk(ch, cdt):
     ch.kb = None
 
 
-def _head(query, key, value, g_log, beta, out, state_cache, slot, b, h, hk, masks, ones, eps, scale, algorithm,
-          group, initial):
-    """The whole sequence ``b`` of value head ``h``: chunks prepared ``group`` at a time, inverted, then
-    advanced in order; the state comes from / goes back to row ``slot`` of ``state_cache``."""
-    s_len = query.shape[2]
+def _group(query, key, value, g_log, beta, out, state, b, h, hk, first_token, count, masks, ones, eps, scale,
+           algorithm, zero_state=False):
+    """``count`` consecutive chunks from token ``first_token`` of sequence ``b``, value head ``h``:
+    prepared, inverted together, then advanced in order on ``state`` (updated in place;
+    ``zero_state``: it holds nothing yet and is zero)."""
     cdt = query.dtype
     chunk = CHUNK_OF[algorithm]
-    n_chunks = s_len // chunk
-    state = tl.load(state_cache[slot, h]) if initial else None
-    for first in range(0, n_chunks, group):
-        chunks = []
-        for c in range(first, min(first + group, n_chunks)):
-            chunks.append(_prepare_chunk(query, key, value, g_log, beta, b, h, hk, c * chunk, chunk, masks, ones,
-                                         eps, cdt))
-        if algorithm == "schur":
-            schur_levels(chunks, masks, 0, chunk, cdt)
-        else:
-            _neumann_blocks(chunks[0], masks)
-            schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
-        for ch in chunks:
-            _finish_chunk(ch, cdt)
-        for ch in chunks:
-            o, state = advance(ch, state, scale, cdt, cdt)
-            tl.store(out[b, h, ch.rows, :], o)
+    chunks = []
+    for c in range(count):
+        chunks.append(_prepare_chunk(query, key, value, g_log, beta, b, h, hk, first_token + c * chunk, chunk, masks,
+                                     ones, eps, cdt))
+    if algorithm == "schur":
+        schur_levels(chunks, masks, 0, chunk, cdt)
+    else:
+        _neumann_blocks(chunks[0], masks)
+        schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
+    for ch in chunks:
+        _finish_chunk(ch, cdt)
+    for i in range(count):
+        tl.store(out[b, h, chunks[i].rows, :], advance(chunks[i], state, scale, cdt, cdt, zero_state and i == 0))
+
+
+def _head(query, key, value, g_log, beta, out, state_cache, slot, b, h, hk, masks, ones, eps, scale, algorithm,
+          group, initial):
+    """The whole sequence ``b`` of value head ``h``; the state comes from / goes back to row ``slot``
+    of ``state_cache``. Full groups of chunks are a device loop (``nl.sequential_range``: the
+    state carries over), so the program holds a group or three whatever the length: the first
+    group peeled when it starts from zero, the loop, a partial last group."""
+    dk = query.shape[3]
+    dv = value.shape[3]
+    chunk = CHUNK_OF[algorithm]
+    n_chunks = query.shape[2] // chunk
+    first = 0
+    if initial:
+        state = tl.load(state_cache[slot, h])
+    else:  # the first group starts from zero: peeled, without state terms
+        state = tl.sbuf((dk, dv))
+        first = min(group, n_chunks)
+        _group(query, key, value, g_log, beta, out, state, b, h, hk, 0, first, masks, ones, eps, scale, algorithm,
+               zero_state=True)
+    full = (n_chunks - first) // group
+    masks.levels(0, 1)  # the whole pack on chip before the device loop (its body runs on every iteration)
+    for g in nl.sequential_range(full):
+        _group(query, key, value, g_log, beta, out, state, b, h, hk, first * chunk + g * (group * chunk), group,
+               masks, ones, eps, scale, algorithm)
+    rest = n_chunks - first - full * group
+    if rest > 0:
+        _group(query, key, value, g_log, beta, out, state, b, h, hk, (n_chunks - rest) * chunk, rest, masks, ones,
+               eps, scale, algorithm)
     tl.store(state_cache[slot, h], state)
 
 
