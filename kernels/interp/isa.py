@@ -11,9 +11,10 @@ PSUM accumulation rule of ``nc_matmul`` (the interpreter's model of the hardware
       hold a previous ``nc_matmul`` result (accumulating onto memory written by another
       instruction, or never written, is undefined on NeuronCore-v3 and refused here);
     * ``accumulate=None`` (default): element by element, accumulate where the element was
-      last written by ``nc_matmul`` and overwrite where it was freshly allocated or last
-      written by any other instruction. Pass ``accumulate`` explicitly in loops that reuse
-      one PSUM tile for several accumulation groups.
+      last written by ``nc_matmul`` and overwrite where it was freshly allocated; refused
+      where any element was last written by another instruction (undefined on
+      NeuronCore-v2/v3). Pass ``accumulate`` explicitly in loops that reuse one PSUM tile
+      for several accumulation groups.
 """
 
 import numpy as np
