@@ -1,9 +1,10 @@
 """GDN prefill and decode on CPU: this project's torch backend against its peers, in one run.
 
 Ours:
-  ours       backend "torch" (chunked prefill, batched in-place decode), any dtype / head size
-  ours-vcpu  backend "vllm_cpu" (opt-in; prefill only, bf16, D in {64, 128}): vLLM's C++ kernel
-             behind this project's op surface, its argument conversions counted in its time
+  ours   backend "torch" (chunked prefill, in-place per-row decode), any dtype / head size
+  auto   backend "auto", what the plugin runs: on the CPU, bf16 prefill with Dk = Dv in {64, 128}
+         goes to the "vllm_cpu" backend (vLLM's C++ kernel behind this project's op surface, its
+         argument conversions counted in its time), everything else to "torch"
 Peers:
   hf    transformers' Qwen3.5 torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule
         (GQA by repeat_interleave of q/k, as HF's model does before calling them)
@@ -86,13 +87,13 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
     g, beta = qwen35_gating(*gating_inputs(tokens, num_v_heads, gen))
     cu = torch.tensor([0, tokens], dtype=torch.int32)
     group = num_v_heads // num_k_heads
-    runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0]}
+    runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0],
+            "auto": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True)[0]}
     if hf is not None:
         runs["hf"] = lambda: hf.torch_chunk_gated_delta_rule(
             q[None].repeat_interleave(group, 2), k[None].repeat_interleave(group, 2), v[None], g[None], beta[None],
             output_final_state=True, use_qk_l2norm_in_kernel=True)[0][0]
     if HAVE_VLLM and dtype == torch.bfloat16:
-        runs["ours-vcpu"] = lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="vllm_cpu")[0]
         runs["vllm"] = lambda: vllm_ops.chunk_gated_delta_rule_cpu(
             query=q[None], key=k[None], value=v[None], g=g[None], beta=beta[None].bfloat16(),
             initial_state=torch.zeros(1, num_v_heads, DIM, DIM), output_final_state=True, cu_seqlens=cu,
@@ -142,7 +143,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
             initial_state_source=vllm_cache, initial_state_indices=indices,
             cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
-    runs = {"ours": run_ours}
+    runs = {"ours": run_ours}  # auto is torch for decode
     if hf is not None:
         runs["hf"] = run_hf
     if HAVE_VLLM and dtype == torch.bfloat16:
@@ -160,17 +161,17 @@ def fmt_ratio(peer, ours):
 
 def print_table(title, size_name, rows):
     print(f"\n{title}")
-    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | ours-vcpu ms | HF ms | vLLM C++ ms | ours vs HF "
-              f"| ours vs vLLM | ours-vcpu vs HF | ours-vcpu vs vLLM | max abs diff HF | max abs diff vLLM |")
+    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | auto ms | HF ms | vLLM C++ ms | ours vs HF "
+              f"| ours vs vLLM | auto vs HF | auto vs vLLM | max abs diff HF | max abs diff vLLM |")
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
     for (size, hk, hv, dtype), r in rows:
-        vcpu = r.get("ours-vcpu")
+        auto = r.get("auto")
         print(f"| {size:>6} | {hk}/{hv} | {str(dtype).replace('torch.', ''):>8} | {fmt_ms(r['ours'])} "
-              f"| {fmt_ms(vcpu)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
+              f"| {fmt_ms(auto)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
               f"| {fmt_ratio(r.get('hf'), r['ours'])} | {fmt_ratio(r.get('vllm'), r['ours'])} "
-              f"| {'-' if vcpu is None else fmt_ratio(r.get('hf'), vcpu)} "
-              f"| {'-' if vcpu is None else fmt_ratio(r.get('vllm'), vcpu)} "
+              f"| {'-' if auto is None else fmt_ratio(r.get('hf'), auto)} "
+              f"| {'-' if auto is None else fmt_ratio(r.get('vllm'), auto)} "
               f"| {r.get('hf_diff', float('nan')):.2e} | {r.get('vllm_diff', float('nan')):.2e} |")
 
 
@@ -189,7 +190,7 @@ def plot(prefill, decode, path):
                 if not sel:
                     continue
                 sizes = [s for s, _ in sel]
-                for peer, marker in (("ours", "o"), ("ours-vcpu", "x"), ("hf", "s"), ("vllm", "^")):
+                for peer, marker in (("ours", "o"), ("auto", "x"), ("hf", "s"), ("vllm", "^")):
                     times = [r.get(peer) for _, r in sel]
                     if all(t is not None for t in times):
                         label = f"{peer} {hk}/{hv} {str(dtype).replace('torch.', '')}"

@@ -34,8 +34,9 @@ both engines; prefix caching is off so every round prefills in full.
     python benchmarks/bench_serve.py                  # the full table (~10-15 min on 2 cores)
     python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
     python benchmarks/bench_serve.py --model CKPT     # any Qwen3-Next checkpoint folder
+    python benchmarks/bench_serve.py --only decode:1  # one row again (repeatable)
 
-Writes ``benchmarks/results/bench_serve.{md,json,png}``.
+Writes ``benchmarks/results/bench_serve.{md,json,png}`` (``bench_serve-decode1.*`` etc. with ``--only``).
 """
 
 import argparse
@@ -255,7 +256,8 @@ def decode_metrics(traces):
 def scenarios(args):
     for phase in ("prefill", "decode"):
         for n in CONCURRENCY:
-            yield phase, n
+            if not args.only or f"{phase}:{n}" in args.only:
+                yield phase, n
 
 
 def run_benchmark(args):
@@ -368,6 +370,8 @@ def main():
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-batched-tokens", type=int, default=4096)
     parser.add_argument("--kv-cache-mib", type=int, default=1024)
+    parser.add_argument("--only", action="append", metavar="PHASE:N",
+                        help="run only these rows, e.g. decode:1 (repeatable), to rerun a load-bent row")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -388,11 +392,12 @@ def main():
               f"prefill {args.prefill_len} tokens/request; decode {args.decode_len} tokens after a "
               f"{args.decode_prompt_len}-token prompt; {args.rounds} rounds, best shown\n\n{text}\n")
     print("\n" + report)
-    (RESULTS / "bench_serve.md").write_text(report)
-    (RESULTS / "bench_serve.json").write_text(json.dumps(dict(
+    stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ())
+    (RESULTS / f"{stem}.md").write_text(report)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
         bandwidth=bandwidth, loads=loads, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
-    plot(rows, RESULTS / "bench_serve.png")
-    print(f"plot: {RESULTS / 'bench_serve.png'}")
+    plot(rows, RESULTS / f"{stem}.png")
+    print(f"plot: {RESULTS / f'{stem}.png'}")
 
 
 if __name__ == "__main__":

@@ -12,14 +12,16 @@ pytestmark = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's comp
 BF16 = torch.bfloat16
 
 
-@pytest.mark.parametrize("lengths, hk, hv, dim, min_g, with_state", [
-    ([100], 2, 2, 64, -1.0, True),
-    ([1, 70, 0, 130], 1, 2, 64, -1.0, True),   # 1-token, empty and multi-chunk sequences, GQA 2
-    ([65], 1, 4, 128, -2.0, False),            # GQA 4
-    ([150], 1, 3, 64, -20.0, True),            # GQA 3, strongly decaying gates
+@pytest.mark.parametrize("lengths, hk, hv, dim, min_g, with_state, correlated", [
+    ([100], 2, 2, 64, -1.0, True, False),
+    ([1, 70, 0, 130], 1, 2, 64, -1.0, True, False),   # 1-token, empty and multi-chunk sequences, GQA 2
+    ([65], 1, 4, 128, -2.0, False, False),            # GQA 4
+    ([150], 1, 3, 64, -20.0, True, False),            # GQA 3, strongly decaying gates
+    ([97, 3], 2, 4, 128, -1.0, True, True),           # correlated keys, the real models' GQA 2 at D = 128
 ])
-def test_vllm_cpu_prefill_matches_reference(lengths, hk, hv, dim, min_g, with_state):
-    x = make_gdn_inputs(lengths, hk, hv, dim, dim, dtype=BF16, min_g=min_g, with_state=with_state)
+def test_vllm_cpu_prefill_matches_reference(lengths, hk, hv, dim, min_g, with_state, correlated):
+    x = make_gdn_inputs(lengths, hk, hv, dim, dim, dtype=BF16, min_g=min_g, with_state=with_state,
+                        correlated=correlated)
     o, state = ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
                                initial_state=x["initial_state"], use_qk_l2norm=True, backend="vllm_cpu")
     o_ref, state_ref = gdn_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
@@ -49,3 +51,24 @@ def test_vllm_cpu_has_no_decode_so_naming_it_for_decode_is_refused():
     with pytest.raises(ValueError, match="backend 'vllm_cpu' does not implement gdn_decode"):
         ops.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(1, 1, 64, 64), torch.tensor([0]),
                        backend="vllm_cpu")
+
+
+@pytest.mark.parametrize("layout", ["packed_rows", "transposed"])
+def test_vllm_cpu_prefill_reads_strided_views(layout):
+    """q / k / v as views of one packed [T, C] buffer (as the layer's conv output gives them) go
+    to the kernel uncopied; views without a unit last stride are copied first. Both match."""
+    x = make_gdn_inputs([37, 90], 2, 4, 64, 64, dtype=BF16)
+    tokens = x["q"].shape[0]
+    if layout == "packed_rows":
+        packed = torch.cat([x["q"].flatten(1), x["k"].flatten(1), x["v"].flatten(1)], 1)
+        q, k, v = (t.view(tokens, -1, 64) for t in packed.split([128, 128, 256], 1))
+        assert not q.is_contiguous() and q.stride(-1) == 1
+    else:
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x["q"], x["k"], x["v"]))
+        assert q.stride(-1) != 1
+    o, state = ops.gdn_prefill(q, k, v, x["g"], x["beta"], x["cu_seqlens"], initial_state=x["initial_state"],
+                               use_qk_l2norm=True, backend="vllm_cpu")
+    o_ref, state_ref = gdn_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
+                                      initial_state=x["initial_state"], use_qk_l2norm=True)
+    assert_matches(o, o_ref, BF16, "o")
+    assert_matches(state, state_ref, BF16, "final_state")

@@ -8,7 +8,8 @@ so it does not fit this op surface); the other ops run on ``torch``. Opt-in: cho
 What the kernel supports, checked before the call (ValueError otherwise): bfloat16 q/k/v,
 ``Dk == Dv`` in {64, 128}, the default scale ``Dk ** -0.5``. vLLM's state layout on CPU is this
 project's (K-major ``[N, Hv, Dk, Dv]``). beta is rounded to bfloat16 (the kernel takes it in
-q's dtype); g stays float32.
+q's dtype); g stays float32. The kernel reads strided rows (it needs only a unit stride in the
+last dimension), so q / k / v views of the layer's packed conv output go in without a copy.
 """
 
 import torch
@@ -20,6 +21,11 @@ def _kernel():
     import vllm._custom_ops as vllm_ops
 
     return vllm_ops.chunk_gated_delta_rule_cpu
+
+
+def _unit_last_stride(x):
+    """``x`` itself when its last dimension is contiguous (all the kernel needs), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def is_available():
@@ -48,8 +54,8 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2nor
     else:
         state = initial_state.contiguous().clone()
     o, _ = _kernel()(
-        query=q.contiguous()[None], key=k.contiguous()[None], value=v.contiguous()[None],
-        g=g.contiguous()[None], beta=beta.to(torch.bfloat16)[None], initial_state=state, output_final_state=True,
+        query=_unit_last_stride(q)[None], key=_unit_last_stride(k)[None], value=_unit_last_stride(v)[None],
+        g=_unit_last_stride(g)[None], beta=beta.to(torch.bfloat16)[None], initial_state=state, output_final_state=True,
         cu_seqlens=cu_seqlens.to(device=q.device, dtype=torch.int32), head_first=False,
         use_qk_l2norm_in_kernel=use_qk_l2norm,
         initial_state_indices=torch.arange(num_seqs, dtype=torch.int32, device=q.device), eps=1e-6)
