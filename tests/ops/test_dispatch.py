@@ -158,3 +158,22 @@ def test_the_env_override_wins_over_the_measured_rules(monkeypatch, measured):
     _vllm_cpu()
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
+
+
+@pytest.mark.parametrize("dtype, dim, cache_dtype, env, expected", [
+    (torch.bfloat16, 128, torch.float32, None, True),
+    (torch.bfloat16, 128, torch.float32, "vllm_cpu", True),
+    (torch.bfloat16, 128, torch.float32, "torch", False),      # the override pins the torch math
+    (torch.bfloat16, 128, torch.bfloat16, None, False),        # the kernel updates float32 pages only
+    (torch.float32, 128, torch.float32, None, False),
+    (torch.bfloat16, 32, torch.float32, None, False),
+])
+def test_paged_prefill_takes_vllm_cpu_where_its_rule_holds(monkeypatch, dtype, dim, cache_dtype, env, expected):
+    vllm_cpu = _vllm_cpu()
+    if env is None:
+        monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(dispatch.ENV_VAR, env)
+    q, v = torch.zeros(3, 1, dim, dtype=dtype), torch.zeros(3, 2, dim, dtype=dtype)
+    chosen = dispatch.select_paged_prefill(q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype), dim ** -0.5)
+    assert chosen is (vllm_cpu.paged_gdn_prefill if expected else None)

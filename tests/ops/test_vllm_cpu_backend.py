@@ -72,3 +72,32 @@ def test_vllm_cpu_prefill_reads_strided_views(layout):
                                       initial_state=x["initial_state"], use_qk_l2norm=True)
     assert_matches(o, o_ref, BF16, "o")
     assert_matches(state, state_ref, BF16, "final_state")
+
+
+@pytest.mark.parametrize("hk, hv, dim, min_g", [(2, 4, 64, -1.0), (1, 3, 128, -20.0)])
+def test_vllm_cpu_paged_prefill_advances_pages_in_place(hk, hv, dim, min_g):
+    """Pages of the step's sequences (fresh ones from zeros) against the float64 reference; 5
+    trailing padding tokens give zeros; the pages of no sequence are untouched."""
+    lengths, pages, has_state = [37, 0, 90, 1], [4, 1, 0, 5], [True, False, True, False]
+    x = make_gdn_inputs(lengths + [5], hk, hv, dim, dim, dtype=BF16, min_g=min_g, with_state=False)
+    cache = 0.5 * torch.randn(7, hv, dim, dim, generator=torch.Generator().manual_seed(1))
+    before = cache.clone()
+    qsl = x["cu_seqlens"][:-1].long()
+    o = vllm_cpu.paged_gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], cache, qsl, torch.tensor(pages),
+                                   torch.tensor(has_state), dim ** -0.5, True)
+    end = int(qsl[-1])
+    initial = torch.stack([before[p] if s else torch.zeros_like(before[p]) for p, s in zip(pages, has_state)])
+    o_ref, state_ref = gdn_recurrence(*(x[n][:end] for n in ("q", "k", "v", "g", "beta")), qsl,
+                                      initial_state=initial, use_qk_l2norm=True)
+    assert_matches(o[:end], o_ref, BF16, "o")
+    assert torch.equal(o[end:], torch.zeros_like(o[end:]))
+    assert_matches(cache[pages], state_ref, BF16, "final pages")
+    untouched = [p for p in range(7) if p not in pages]
+    assert torch.equal(cache[untouched], before[untouched])
+
+
+def test_vllm_cpu_paged_prefill_refuses_a_bf16_cache():
+    x = make_gdn_inputs([5], 1, 1, 64, 64, dtype=BF16, with_state=False)
+    with pytest.raises(ValueError, match="ssm_cache: backend 'vllm_cpu' updates a contiguous float32 cache"):
+        vllm_cpu.paged_gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(2, 1, 64, 64, dtype=BF16),
+                                   torch.tensor([0, 5]), torch.tensor([1]), torch.tensor([False]), 0.125, True)

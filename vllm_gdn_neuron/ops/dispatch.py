@@ -24,7 +24,7 @@ NEURON_DEVICE_TYPES = ("xla", "neuron")
 VLLM_CPU_HEAD_DIMS = (64, 128)
 
 
-def _vllm_cpu_prefill_wins(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
+def _vllm_cpu_prefill_wins(q, v, scale):
     """bf16 GDN prefill on the CPU with Dk == Dv in {64, 128} and the default scale: vLLM's kernel.
 
     Measured on this project's 2-core AVX-512-BF16 + AMX machine (best of rounds, one sequence
@@ -43,10 +43,14 @@ def _vllm_cpu_prefill_wins(q, k, v, g, beta, cu_seqlens, initial_state, scale, u
     return q.dtype == torch.bfloat16 and dim_k == dim_v and dim_k in VLLM_CPU_HEAD_DIMS and scale == dim_k ** -0.5
 
 
+def _gdn_prefill_on_vllm_cpu(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
+    return _vllm_cpu_prefill_wins(q, v, scale)
+
+
 #: op -> ``((backend, wins(*op_args) -> bool), ...)``, tried in order under ``auto`` on the CPU;
 #: the first available backend whose rule holds runs the call, else ``torch``.
 AUTO_RULES = {
-    "gdn_prefill": (("vllm_cpu", _vllm_cpu_prefill_wins),),
+    "gdn_prefill": (("vllm_cpu", _gdn_prefill_on_vllm_cpu),),
 }
 
 
@@ -137,3 +141,20 @@ def _measured_choice(op_name):
 
     run.__name__ = run.__qualname__ = op_name
     return types.SimpleNamespace(**{op_name: run})
+
+
+def select_paged_prefill(q, v, ssm_cache, scale):
+    """The in-place paged prefill ``auto`` takes for an eager CPU call, or None for the torch math.
+
+    ``vllm_cpu.paged_gdn_prefill`` when the ``gdn_prefill`` rule holds (``_vllm_cpu_prefill_wins``),
+    the cache is contiguous float32 on the CPU, the backend is available and
+    ``$VLLM_GDN_BACKEND`` does not name another backend. Not for traced code (a C++ call).
+    """
+    override = os.environ.get(ENV_VAR, "").strip()
+    if override not in ("", "auto", "vllm_cpu"):
+        return None
+    if not (q.device.type == "cpu" and ssm_cache.dtype == torch.float32 and ssm_cache.is_contiguous()
+            and _vllm_cpu_prefill_wins(q, v, scale)
+            and _is_available("vllm_cpu")):
+        return None
+    return load_backend("vllm_cpu").paged_gdn_prefill

