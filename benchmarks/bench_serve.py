@@ -1,7 +1,8 @@
 """Serving speed on CPU: this plugin against vLLM's built-in Qwen3-Next, on one checkpoint, in one run.
 
 Both engines serve the same random-weight Qwen3-Next checkpoint with real per-layer dimensions
-(hidden 2048, GDN heads 16/32 x 128, attention 16/2 x 256, 8-expert MoE, bf16, 4 layers):
+(the tiny-model builder's ``qwen3-next-real``: hidden 2048, GDN heads 16/32 x 128, attention
+16/2 x 256, 8-expert MoE with all 8 routed, vocabulary 248,320, bf16, 4 layers):
 
   plugin    vLLM with this project's plugin (its Qwen3-Next model and GDN layer, ``backend="auto"``)
   built-in  vLLM's own Qwen3-Next (``VLLM_GDN_NEURON_DISABLE=1``): vLLM's C++ CPU GDN kernels
@@ -59,38 +60,18 @@ PERCENTILES = (50, 90, 99)
 # The checkpoint
 # --------------------------------------------------------------------------------------------
 
-#: Per-layer dimensions of the published Qwen3-Next / Qwen3.5 MoE configs, on 4 layers (three
-#: GDN layers and one gated-attention layer) and 8 experts.
-REAL_DIMS = dict(
-    hidden_size=2048, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
-    linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
-    linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512,
-    shared_expert_intermediate_size=512, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False,
-    max_position_embeddings=4096, initializer_range=0.02,
-)
+CHECKPOINT = "qwen3-next-real"
 
 
-def build_checkpoint(folder):
-    """A random-weight bf16 Qwen3-Next checkpoint with REAL_DIMS and the tiny-model tokenizer."""
+def build_checkpoint(out_dir):
+    """The tiny-model builder's ``qwen3-next-real``: published Qwen3-Next / Qwen3.5-35B-A3B
+    per-layer dims, 4 layers, 8 experts (all routed), full vocabulary, random bf16 weights."""
     import importlib.util
-
-    import torch
-    import transformers
 
     spec = importlib.util.spec_from_file_location("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)
-    torch.manual_seed(0)
-    tokenizer = builder.build_tokenizer()
-    config = transformers.Qwen3NextConfig(
-        **REAL_DIMS, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"))
-    model = transformers.Qwen3NextForCausalLM(config).to(torch.bfloat16)
-    staging = folder.with_name(f".{folder.name}.partial")
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    staging.rename(folder)
-    return folder
+    return builder.build(CHECKPOINT, out_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,8 +340,8 @@ def cpu_name():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=pathlib.Path, default=RESULTS / "qwen3-next-real-dims",
-                        help="checkpoint folder (built there if missing)")
+    parser.add_argument("--model", type=pathlib.Path, default=RESULTS / CHECKPOINT,
+                        help="checkpoint folder (the default is built there if missing)")
     parser.add_argument("--quick", action="store_true", help="short prompts, one round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefill-len", type=int, default=512)
@@ -379,8 +360,10 @@ def main():
     if args.quick:
         args.rounds, args.prefill_len, args.decode_len = 1, 128, 8
     if not (args.model / "config.json").exists():
+        if args.model != RESULTS / CHECKPOINT:
+            parser.error(f"--model: no config.json in {args.model}")
         print(f"building {args.model} ...", flush=True)
-        build_checkpoint(args.model)
+        build_checkpoint(RESULTS)
     bandwidth = measure_read_bandwidth()
     header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
               f"load at start {os.getloadavg()}")

@@ -143,6 +143,17 @@ def test_auto_prefill_takes_the_measured_fastest_backend(monkeypatch, measured, 
     assert (len(vllm_calls), len(torch_calls)) == ((1, 0) if expected == "vllm_cpu" else (0, 1))
 
 
+@pytest.mark.parametrize("dtype, dim, expected", [
+    (torch.bfloat16, 128, "vllm_cpu"), (torch.float32, 128, "torch"), (torch.bfloat16, 32, "torch")])
+def test_auto_decode_takes_the_measured_fastest_backend(monkeypatch, measured, dtype, dim, expected):
+    vllm_calls = _spy(monkeypatch, _vllm_cpu(), "gdn_decode")
+    torch_calls = _spy(monkeypatch, torch_backend, "gdn_decode")
+    x = make_gdn_inputs([1, 1], 1, 2, dim, dim, dtype=dtype)
+    ops.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(3, 2, dim, dim), torch.tensor([2, 0]),
+                   use_qk_l2norm=True)
+    assert (len(vllm_calls), len(torch_calls)) == ((1, 0) if expected == "vllm_cpu" else (0, 1))
+
+
 def test_auto_without_vllm_cpu_is_torch(monkeypatch, measured):
     from vllm_gdn_neuron.ops.backends import vllm_cpu
     monkeypatch.setattr(vllm_cpu, "is_available", lambda: False)
@@ -150,7 +161,7 @@ def test_auto_without_vllm_cpu_is_torch(monkeypatch, measured):
 
 
 def test_auto_ops_without_a_rule_are_torch(measured):
-    for op_name in ("gdn_decode", "gdn2_prefill", "conv1d_prefill", "conv1d_decode"):
+    for op_name in ("gdn2_prefill", "conv1d_prefill", "conv1d_decode"):
         assert dispatch.select_backend("auto", op_name, CPU) is torch_backend
 
 
@@ -168,12 +179,19 @@ def test_the_env_override_wins_over_the_measured_rules(monkeypatch, measured):
     (torch.float32, 128, torch.float32, None, False),
     (torch.bfloat16, 32, torch.float32, None, False),
 ])
-def test_paged_prefill_takes_vllm_cpu_where_its_rule_holds(monkeypatch, dtype, dim, cache_dtype, env, expected):
+@pytest.mark.parametrize("op_name", dispatch.IN_PLACE_OPS)
+def test_in_place_ops_take_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, dtype, dim, cache_dtype, env,
+                                                         expected):
     vllm_cpu = _vllm_cpu()
     if env is None:
         monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     else:
         monkeypatch.setenv(dispatch.ENV_VAR, env)
     q, v = torch.zeros(3, 1, dim, dtype=dtype), torch.zeros(3, 2, dim, dtype=dtype)
-    chosen = dispatch.select_paged_prefill(q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype), dim ** -0.5)
-    assert chosen is (vllm_cpu.paged_gdn_prefill if expected else None)
+    chosen = dispatch.select_in_place(op_name, q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype), dim ** -0.5)
+    assert chosen is (getattr(vllm_cpu, op_name) if expected else None)
+
+
+def test_in_place_refuses_an_unknown_op():
+    with pytest.raises(ValueError, match="op_name: expected one of"):
+        dispatch.select_in_place("conv1d_decode", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), torch.zeros(1), 0.125)

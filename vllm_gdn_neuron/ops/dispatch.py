@@ -24,33 +24,36 @@ NEURON_DEVICE_TYPES = ("xla", "neuron")
 VLLM_CPU_HEAD_DIMS = (64, 128)
 
 
-def _vllm_cpu_prefill_wins(q, v, scale):
-    """bf16 GDN prefill on the CPU with Dk == Dv in {64, 128} and the default scale: vLLM's kernel.
+def _vllm_cpu_wins(q, v, scale):
+    """bf16 GDN on the CPU with Dk == Dv in {64, 128} and the default scale: vLLM's kernels.
 
-    Measured on this project's 2-core AVX-512-BF16 + AMX machine (best of rounds, one sequence
-    unless said, with ``use_qk_l2norm``; ``benchmarks/README.md`` has the tables):
+    Measured on this project's 2-core AVX-512-BF16 + AMX machine (best of rounds, with
+    ``use_qk_l2norm``, Hk/Hv 16/32 unless said, D = 128; ``benchmarks/README.md`` has the runs):
 
-    | T | N | Hk/Hv | D | torch ms | vllm_cpu ms |
-    |---|---|---|---|---|---|
-    | 8192 | 1 | 16/16 | 128 | 237 | 127 |
-    | 8192 | 1 | 16/32 | 128 | 529 | 230 |
-    MEASURED_SMALL_ROWS
+    MEASURED_ROWS
 
-    Its bf16 dot products and bf16 beta cost about one bf16 ulp against torch's float32
-    (``tests/ops/test_vllm_cpu_backend.py`` holds it to the same float64 references).
+    Their bf16 arithmetic costs accuracy against torch's float32 (decode: about 0.5 % of the
+    state's peak per step, the kernel's own; prefill: about one bf16 ulp); both are held to the
+    same float64 references in ``tests/ops/test_vllm_cpu_backend.py``. ``VLLM_GDN_BACKEND=torch``
+    pins the float32 torch math.
     """
     dim_k, dim_v = q.shape[2], v.shape[2]
     return q.dtype == torch.bfloat16 and dim_k == dim_v and dim_k in VLLM_CPU_HEAD_DIMS and scale == dim_k ** -0.5
 
 
 def _gdn_prefill_on_vllm_cpu(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    return _vllm_cpu_prefill_wins(q, v, scale)
+    return _vllm_cpu_wins(q, v, scale)
+
+
+def _gdn_decode_on_vllm_cpu(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
+    return _vllm_cpu_wins(q, v, scale) and load_backend("vllm_cpu").rows_contiguous(state)
 
 
 #: op -> ``((backend, wins(*op_args) -> bool), ...)``, tried in order under ``auto`` on the CPU;
 #: the first available backend whose rule holds runs the call, else ``torch``.
 AUTO_RULES = {
     "gdn_prefill": (("vllm_cpu", _gdn_prefill_on_vllm_cpu),),
+    "gdn_decode": (("vllm_cpu", _gdn_decode_on_vllm_cpu),),
 }
 
 
@@ -143,18 +146,24 @@ def _measured_choice(op_name):
     return types.SimpleNamespace(**{op_name: run})
 
 
-def select_paged_prefill(q, v, ssm_cache, scale):
-    """The in-place paged prefill ``auto`` takes for an eager CPU call, or None for the torch math.
+#: The in-place cache-row ops of ``vllm_cpu`` that eager paged ops may call (see ``select_in_place``).
+IN_PLACE_OPS = ("paged_gdn_prefill", "gdn_decode")
 
-    ``vllm_cpu.paged_gdn_prefill`` when the ``gdn_prefill`` rule holds (``_vllm_cpu_prefill_wins``),
-    the cache is contiguous float32 on the CPU, the backend is available and
-    ``$VLLM_GDN_BACKEND`` does not name another backend. Not for traced code (a C++ call).
+
+def select_in_place(op_name, q, v, ssm_cache, scale):
+    """The ``vllm_cpu`` function an eager CPU paged op can run on its cache, or None for torch.
+
+    ``op_name`` is ``"paged_gdn_prefill"`` or ``"gdn_decode"`` (the backend functions of those
+    names, both updating float32 cache rows in place). Chosen where ``_vllm_cpu_wins`` holds,
+    the cache is float32 on the CPU with contiguous rows, the backend is available and
+    ``$VLLM_GDN_BACKEND`` names no other backend. Never for traced code (C++ calls).
     """
+    if op_name not in IN_PLACE_OPS:
+        raise ValueError(f"op_name: expected one of {IN_PLACE_OPS}, got {op_name!r}")
     override = os.environ.get(ENV_VAR, "").strip()
     if override not in ("", "auto", "vllm_cpu"):
         return None
-    if not (q.device.type == "cpu" and ssm_cache.dtype == torch.float32 and ssm_cache.is_contiguous()
-            and _vllm_cpu_prefill_wins(q, v, scale)
-            and _is_available("vllm_cpu")):
+    if not (q.device.type == "cpu" and ssm_cache.dtype == torch.float32 and _vllm_cpu_wins(q, v, scale)
+            and _is_available("vllm_cpu") and load_backend("vllm_cpu").rows_contiguous(ssm_cache)):
         return None
-    return load_backend("vllm_cpu").paged_gdn_prefill
+    return getattr(load_backend("vllm_cpu"), op_name)

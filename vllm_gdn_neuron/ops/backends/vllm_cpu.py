@@ -24,9 +24,36 @@ def _kernel():
     return vllm_ops.chunk_gated_delta_rule_cpu
 
 
+def _decode_kernel():
+    import vllm._custom_ops as vllm_ops
+
+    return vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu
+
+
+#: Bound of the gating pre-images handed to the decode kernel: g = 0 / beta = 0 (padding rows)
+#: map to -inf; exp(-80) is zero after softplus in float32 and bf16 keeps the value.
+PRE_IMAGE_BOUND = 80.0
+
+
 def _unit_last_stride(x):
     """``x`` itself when its last dimension is contiguous (all the kernel needs), else a copy."""
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def rows_contiguous(cache):
+    """Each row ``cache[i]`` (``[Hv, Dk, Dv]``) contiguous; rows may sit apart (vLLM's state pages).
+
+    vLLM's kernels index cache rows by their stride, so views into vLLM's per-block pages go in
+    as they are.
+    """
+    _, heads, dim_k, dim_v = cache.shape
+    return cache.stride()[1:] == (dim_k * dim_v, dim_v, 1)
+
+
+def _check_cache(argument, cache):
+    if cache.dtype != torch.float32 or not rows_contiguous(cache):
+        raise ValueError(f"{argument}: backend 'vllm_cpu' updates float32 cache rows in place and needs each row "
+                         f"contiguous, got {cache.dtype} with strides {cache.stride()}")
 
 
 def is_available():
@@ -86,7 +113,8 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_s
 
     Args:
         q, k: ``[T, Hk, Dk]`` bfloat16; v: ``[T, Hv, Dv]``; g, beta: ``[T, Hv]`` float32.
-        ssm_cache: ``[P, Hv, Dk, Dv]`` float32; pages ``pages`` get the final states.
+        ssm_cache: ``[P, Hv, Dk, Dv]`` float32, each page contiguous; pages ``pages`` get the
+            final states.
         query_start_loc: ``[S + 1]`` int sequence boundaries; tokens from ``query_start_loc[S]``
             on are padding (their outputs are zeros).
         pages: ``[S]`` int page of each sequence (distinct, except padding sequences of length 0).
@@ -97,9 +125,7 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_s
         ``o``: ``[T, Hv, Dv]`` bfloat16.
     """
     check_supported(q, v, scale)
-    if ssm_cache.dtype != torch.float32 or not ssm_cache.is_contiguous():
-        raise ValueError(f"ssm_cache: backend 'vllm_cpu' updates a contiguous float32 cache in place, got "
-                         f"{ssm_cache.dtype}{'' if ssm_cache.is_contiguous() else ', non-contiguous'}")
+    _check_cache("ssm_cache", ssm_cache)
     end = int(query_start_loc[-1])
     ssm_cache.index_fill_(0, pages[~has_state], 0.0)
     if end == q.shape[0]:
@@ -109,3 +135,34 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_s
         o[:end] = _run(q[:end], k[:end], v[:end], g[:end], beta[:end], query_start_loc, ssm_cache, pages,
                        use_qk_l2norm)
     return o
+
+
+def _gating_pre_images(g, beta):
+    """bf16 ``a``, ``b`` with ``-softplus(a) = g`` and ``sigmoid(b) = beta`` (then A_log = dt_bias = 0).
+
+    The decode kernel fuses Qwen3.5's gating ``g = -exp(A_log) softplus(a + dt_bias)``,
+    ``beta = sigmoid(b)`` and takes a / b in q's dtype: g and beta reach it through bf16
+    pre-images, a relative error of at most 2^-9 in ``softplus^-1(-g)`` and in ``logit(beta)``
+    (below one bf16 ulp of the decay ``exp(g)``: |d exp(g)| <= 2^-9 |g a| exp(g) < 1e-3).
+    """
+    a = torch.log(torch.expm1(-g)).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
+    b = torch.logit(beta).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
+    return a.to(torch.bfloat16), b.to(torch.bfloat16)
+
+
+def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
+    """Backend contract: see ``vllm_gdn_neuron.ops.backends``.
+
+    vLLM's fused decode kernel, on the cache rows in place; g and beta go in through bf16
+    pre-images of its gating (``_gating_pre_images``).
+    """
+    check_supported(q, v, scale)
+    _check_cache("state", state)
+    rows, num_v_heads = v.shape[:2]
+    a, b = _gating_pre_images(g, beta)
+    o = _decode_kernel()(
+        A_log=torch.zeros(num_v_heads, device=q.device), dt_bias=torch.zeros(num_v_heads, dtype=q.dtype, device=q.device),
+        q=_unit_last_stride(q)[None], k=_unit_last_stride(k)[None], v=_unit_last_stride(v)[None], a=a, b=b,
+        initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
+        cu_seqlens=torch.arange(rows + 1, dtype=torch.int32, device=q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
+    return o.view(rows, num_v_heads, v.shape[2])
