@@ -2,9 +2,9 @@
 
 Ours:
   ours   backend "torch" (chunked prefill, in-place per-row decode), any dtype / head size
-  auto   backend "auto", what the plugin runs: on the CPU, bf16 prefill with Dk = Dv in {64, 128}
-         goes to the "vllm_cpu" backend (vLLM's C++ kernel behind this project's op surface, its
-         argument conversions counted in its time), everything else to "torch"
+  auto   backend "auto", what the plugin runs: on the CPU, bf16 prefill and decode with
+         Dk = Dv in {64, 128} go to the "vllm_cpu" backend (vLLM's C++ kernels behind this
+         project's op surface, its argument conversions counted in its time), the rest to "torch"
 Peers:
   hf    transformers' Qwen3.5 torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule
         (GQA by repeat_interleave of q/k, as HF's model does before calling them)
@@ -124,11 +124,15 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
     group = num_v_heads // num_k_heads
     # Each run advances its own cache in place; the warm-up run (the one compared) starts
     # from the same cache for every peer.
-    ours_cache, vllm_cache = start_cache.clone(), start_cache.clone()
+    ours_cache, auto_cache, vllm_cache = start_cache.clone(), start_cache.clone(), start_cache.clone()
 
     def run_ours():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
         return ops.gdn_decode(q, k, v, g, beta, ours_cache, indices, use_qk_l2norm=True, backend="torch")
+
+    def run_auto():
+        g, beta = qwen35_gating(a, b, A_log, dt_bias)
+        return ops.gdn_decode(q, k, v, g, beta, auto_cache, indices, use_qk_l2norm=True)
 
     def run_hf():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
@@ -143,7 +147,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
             initial_state_source=vllm_cache, initial_state_indices=indices,
             cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
-    runs = {"ours": run_ours}  # auto is torch for decode
+    runs = {"ours": run_ours, "auto": run_auto}
     if hf is not None:
         runs["hf"] = run_hf
     if HAVE_VLLM and dtype == torch.bfloat16:

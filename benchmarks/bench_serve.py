@@ -13,11 +13,13 @@ Rows: prefill (N prompts of ``--prefill-len`` tokens, one output token each) and
 (prefill: prompt tokens / time until the last first token; decode: tokens after each
 request's first / time from the last first token to the end) and latency percentiles
 (prefill: time to first token; decode: inter-token latency, a step's time split over the
-tokens it returned). Each decode row also has the machine's memory-bandwidth bound: the bytes
+tokens it returned), and the 1-minute load average when the shown round ended. Each decode row also has the machine's memory-bandwidth bound: the bytes
 one decode step must read (every weight tensor except the embedding table, the routed
 experts the batch is expected to touch under uniform routing, the recurrent and conv states
 and the attention KV of the batch) over the read bandwidth measured here first (best of
-several full reads of a 1 GiB tensor), and the share of that bound reached.
+several full reads of a 1 GiB tensor, measured before the run and after every round; the best
+of those is the bound's bandwidth, since load from elsewhere only lowers it), and the share of
+that bound reached.
 
 How the engines run, and why: one subprocess per engine, each holding an in-process
 ``vllm.LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``enforce_eager=True``) and driving
@@ -32,7 +34,7 @@ shared machine hits both alike; a row's result is its best round (highest tokens
 latencies from that round). Prompts are random token ids, new ones each round, the same for
 both engines; prefix caching is off so every round prefills in full.
 
-    python benchmarks/bench_serve.py                  # the full table (~10-15 min on 2 cores)
+    python benchmarks/bench_serve.py                  # the full table (~10 min on 2 quiet cores)
     python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
     python benchmarks/bench_serve.py --model CKPT     # any Qwen3-Next checkpoint folder
     python benchmarks/bench_serve.py --only decode:1  # one row again (repeatable)
@@ -241,7 +243,7 @@ def scenarios(args):
                 yield phase, n
 
 
-def run_benchmark(args):
+def run_benchmark(args, bandwidths):
     import random
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -268,6 +270,7 @@ def run_benchmark(args):
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
                     if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
                         best[key] = dict(result, round=rnd, load=os.getloadavg())
+            bandwidths.append(measure_read_bandwidth())
         loads.append(os.getloadavg())
     finally:
         for engine in engines.values():
@@ -283,8 +286,8 @@ def bound_columns(args, bandwidth, n):
 
 def table(args, best, bandwidth):
     lines = ["| phase | N | plugin tok/s | built-in tok/s | plugin / built-in | plugin p50 / p90 / p99 ms "
-             "| built-in p50 / p90 / p99 ms | bound tok/s | plugin share | built-in share |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| built-in p50 / p90 / p99 ms | bound tok/s | plugin share | built-in share | load plugin / built-in |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for phase, n in scenarios(args):
         ours, peer = best[(phase, n, "plugin")], best[(phase, n, "built-in")]
@@ -298,7 +301,8 @@ def table(args, best, bandwidth):
             share_peer = f"{100 * peer['tokens_per_s'] / bound_tps:.0f} %"
         lat = lambda r: " / ".join(f"{r['latency_ms'][f'p{p}']:.0f}" for p in PERCENTILES)
         lines.append(f"| {phase} | {n} | {ours['tokens_per_s']:.1f} | {peer['tokens_per_s']:.1f} | "
-                     f"{row['ratio']:.2f}x | {lat(ours)} | {lat(peer)} | {bound} | {share_ours} | {share_peer} |")
+                     f"{row['ratio']:.2f}x | {lat(ours)} | {lat(peer)} | {bound} | {share_ours} | {share_peer} | "
+                     f"{ours['load'][0]:.1f} / {peer['load'][0]:.1f} |")
         rows.append(row)
     return "\n".join(lines), rows
 
@@ -343,8 +347,8 @@ def main():
     parser.add_argument("--model", type=pathlib.Path, default=RESULTS / CHECKPOINT,
                         help="checkpoint folder (the default is built there if missing)")
     parser.add_argument("--quick", action="store_true", help="short prompts, one round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--prefill-len", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prefill-len", type=int, default=256)
     parser.add_argument("--decode-prompt-len", type=int, default=64)
     parser.add_argument("--decode-len", type=int, default=32)
     parser.add_argument("--prompt-vocab", type=int, default=500, help="prompt ids drawn from [3, this)")
@@ -364,11 +368,12 @@ def main():
             parser.error(f"--model: no config.json in {args.model}")
         print(f"building {args.model} ...", flush=True)
         build_checkpoint(RESULTS)
-    bandwidth = measure_read_bandwidth()
-    header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
-              f"load at start {os.getloadavg()}")
-    print(header, flush=True)
-    best, loads = run_benchmark(args)
+    bandwidths = [measure_read_bandwidth()]
+    print(f"{cpu_name()}; read bandwidth {bandwidths[0] / 1e9:.1f} GB/s; load {os.getloadavg()}", flush=True)
+    best, loads = run_benchmark(args, bandwidths)
+    bandwidth = max(bandwidths)
+    header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s (best of "
+              f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s measured before the run and after each round)")
     text, rows = table(args, best, bandwidth)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{header}\nload averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"

@@ -27,10 +27,26 @@ VLLM_CPU_HEAD_DIMS = (64, 128)
 def _vllm_cpu_wins(q, v, scale):
     """bf16 GDN on the CPU with Dk == Dv in {64, 128} and the default scale: vLLM's kernels.
 
-    Measured on this project's 2-core AVX-512-BF16 + AMX machine (best of rounds, with
-    ``use_qk_l2norm``, Hk/Hv 16/32 unless said, D = 128; ``benchmarks/README.md`` has the runs):
+    Measured on this project's 2-core AVX-512-BF16 + AMX machine, torch backend against this
+    backend on the same call, round-robin, best of 4-30 rounds, ``use_qk_l2norm``, Hk/Hv 16/32
+    and D = 128 unless said (1-min load average in brackets; ``benchmarks/README.md`` has the
+    benchmark tables):
 
-    MEASURED_ROWS
+    | call | torch ms | vllm_cpu ms |
+    |---|---|---|
+    | prefill T = 8192, 1 sequence, 16/16 [0.0] | 237 | 127 |
+    | prefill T = 8192, 1 sequence [0.0] | 529 | 230 |
+    | prefill T = 4096, 8 sequences, initial states [5.0] | 2959 | 294 |
+    | prefill T = 512, 1 sequence [5.0] | 129 | 18.1 |
+    | prefill T = 512, 1 sequence, 16/16, D = 64 [5.0] | 20.9 | 4.6 |
+    | prefill T = 128, 1 sequence [5.0] | 27.5 | 5.1 |
+    | prefill T = 16, 16 sequences of 1 [5.0] | 475 | 44 |
+    | decode, 1 row [8.5] | 0.27 | 0.17 |
+    | decode, 8 rows [8.5] | 2.30 | 1.30 |
+    | decode, 32 rows [8.5] | 86.9 | 7.9 |
+
+    No measured shape favoured torch; under load the gap widens (each torch op that spans both
+    cores waits for the other core's thread; vLLM's kernels run one parallel region per call).
 
     Their bf16 arithmetic costs accuracy against torch's float32 (decode: about 0.5 % of the
     state's peak per step, the kernel's own; prefill: about one bf16 ulp); both are held to the
