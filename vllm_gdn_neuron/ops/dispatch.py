@@ -120,7 +120,9 @@ def select_backend(backend, op_name, device):
         device: the torch device of the op's tensors.
 
     Returns:
-        The backend module; it has a function named ``op_name``.
+        The backend module, or under ``auto`` on the CPU where ``AUTO_RULES`` has rules for the
+        op, an object whose ``op_name`` picks the backend per call; either has a function named
+        ``op_name``.
     """
     if backend == "auto":
         override = os.environ.get(ENV_VAR, "").strip()
