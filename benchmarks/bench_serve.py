@@ -16,10 +16,9 @@ request's first / time from the last first token to the end) and latency percent
 tokens it returned), and the 1-minute load average when the shown round ended. Each decode row also has the machine's memory-bandwidth bound: the bytes
 one decode step must read (every weight tensor except the embedding table, the routed
 experts the batch is expected to touch under uniform routing, the recurrent and conv states
-and the attention KV of the batch) over the read bandwidth measured here first (best of
-several full reads of a 1 GiB tensor, measured before the run and after every round; the best
-of those is the bound's bandwidth, since load from elsewhere only lowers it), and the share of
-that bound reached.
+and the attention KV of the batch) over the read bandwidth measured here (best of several full
+reads of 1 GiB, by a float32 ``sum`` and by a bf16 matrix-vector product, before the run and
+after every round: load from elsewhere only lowers it), and the share of that bound reached.
 
 How the engines run, and why: one subprocess per engine, each holding an in-process
 ``vllm.LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``enforce_eager=True``) and driving
@@ -80,17 +79,22 @@ def build_checkpoint(out_dir):
 # The machine's limit
 # --------------------------------------------------------------------------------------------
 
-def measure_read_bandwidth(num_bytes=2**30, rounds=6):
-    """Best read bandwidth (bytes/s) of a full ``sum`` over a float32 tensor of ``num_bytes``."""
+def measure_read_bandwidth(num_bytes=2**30, rounds=5):
+    """Best read bandwidth (bytes/s) over full reads of ``num_bytes``: a float32 ``sum`` and a bf16
+    matrix-vector product (how a decode step reads its weights, through oneDNN)."""
     import torch
 
-    x = torch.ones(num_bytes // 4, dtype=torch.float32)
-    x.sum()
+    data = torch.ones(num_bytes // 4, dtype=torch.float32)
+    weight = torch.ones(num_bytes // (2 * 4096), 4096, dtype=torch.bfloat16)
+    vector = torch.ones(1, 4096, dtype=torch.bfloat16)
+    probes = (data.sum, lambda: torch.nn.functional.linear(vector, weight))
     best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
+    for probe in probes:
+        probe()
+        for _ in range(rounds):
+            start = time.perf_counter()
+            probe()
+            best = min(best, time.perf_counter() - start)
     return num_bytes / best
 
 
