@@ -18,9 +18,12 @@ of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
 
     python benchmarks/bench_ops.py            # the issue's shapes (~1 min on 2 quiet cores)
     python benchmarks/bench_ops.py --quick    # small shapes, a smoke run
+    python benchmarks/bench_ops.py --lengths 8192 --batches --dtypes bfloat16 --no-hf --budget 20
+                                              # the T = 8192 bf16 rows again, more rounds
 """
 
 import argparse
+import os
 import pathlib
 import time
 
@@ -99,7 +102,7 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
             initial_state=torch.zeros(1, num_v_heads, DIM, DIM), output_final_state=True, cu_seqlens=cu,
             head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32),
             eps=1e-6)[0][0]
-    return _row(race(runs, budget_s, max_rounds=5))
+    return _row(race(runs, budget_s, max_rounds=10))
 
 
 def _row(raced):
@@ -215,19 +218,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, a smoke run")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed runs per case and peer")
+    parser.add_argument("--lengths", type=int, nargs="*", help="prefill lengths T (default 512 2048 8192)")
+    parser.add_argument("--batches", type=int, nargs="*", help="decode batches B (default 1 16 64; none: skip)")
+    parser.add_argument("--dtypes", nargs="*", choices=("bfloat16", "float32"), default=("bfloat16", "float32"))
+    parser.add_argument("--no-hf", action="store_true", help="leave out transformers' functions (slow)")
     args = parser.parse_args()
-    lengths = (256, 512) if args.quick else (512, 2048, 8192)
-    batches = (1, 16) if args.quick else (1, 16, 64)
-    dtypes = (torch.bfloat16, torch.float32)
+    lengths = args.lengths if args.lengths is not None else (256, 512) if args.quick else (512, 2048, 8192)
+    batches = args.batches if args.batches is not None else (1, 16) if args.quick else (1, 16, 64)
+    dtypes = tuple(getattr(torch, name) for name in args.dtypes)
+    if args.no_hf:
+        global hf
+        hf = None
     bench_prefill(128, 16, 16, torch.bfloat16, 0.0)  # warm up thread pools and lazy imports
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {hf is not None}, "
-          f"vLLM C++ kernels: {HAVE_VLLM}")
+          f"vLLM C++ kernels: {HAVE_VLLM}; load averages {os.getloadavg()}")
     prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget))
                for t in lengths for hk, hv in HEADS for d in dtypes]
     print_table("Prefill (one sequence of T tokens, D = 128)", "T", prefill)
     decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget))
               for b in batches for hk, hv in HEADS for d in dtypes]
-    print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
+    if decode:
+        print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
+    print(f"load averages at the end {os.getloadavg()}")
     path = RESULTS / "bench_ops.png"
     plot(prefill, decode, path)
     print(f"\nplot: {path}")
