@@ -82,7 +82,7 @@ def qwen35_gating(a, b, A_log, dt_bias):
     return g, torch.sigmoid(b.float())
 
 
-def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
+def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True):
     gen = torch.Generator().manual_seed(tokens + num_v_heads)
     q = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
     k = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
@@ -92,7 +92,7 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
     group = num_v_heads // num_k_heads
     runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0],
             "auto": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True)[0]}
-    if hf is not None:
+    if with_hf and hf is not None:
         runs["hf"] = lambda: hf.torch_chunk_gated_delta_rule(
             q[None].repeat_interleave(group, 2), k[None].repeat_interleave(group, 2), v[None], g[None], beta[None],
             output_final_state=True, use_qk_l2norm_in_kernel=True)[0][0]
@@ -115,7 +115,7 @@ def _row(raced):
     return row
 
 
-def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
+def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True):
     gen = torch.Generator().manual_seed(batch + num_v_heads)
     q = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
     k = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
@@ -151,7 +151,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
             cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
     runs = {"ours": run_ours, "auto": run_auto}
-    if hf is not None:
+    if with_hf and hf is not None:
         runs["hf"] = run_hf
     if HAVE_VLLM and dtype == torch.bfloat16:
         runs["vllm"] = run_vllm
@@ -226,16 +226,14 @@ def main():
     lengths = args.lengths if args.lengths is not None else (256, 512) if args.quick else (512, 2048, 8192)
     batches = args.batches if args.batches is not None else (1, 16) if args.quick else (1, 16, 64)
     dtypes = tuple(getattr(torch, name) for name in args.dtypes)
-    if args.no_hf:
-        global hf
-        hf = None
     bench_prefill(128, 16, 16, torch.bfloat16, 0.0)  # warm up thread pools and lazy imports
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {hf is not None}, "
+    with_hf = hf is not None and not args.no_hf
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {with_hf}, "
           f"vLLM C++ kernels: {HAVE_VLLM}; load averages {os.getloadavg()}")
-    prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget))
+    prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget, with_hf))
                for t in lengths for hk, hv in HEADS for d in dtypes]
     print_table("Prefill (one sequence of T tokens, D = 128)", "T", prefill)
-    decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget))
+    decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget, with_hf))
               for b in batches for hk, hv in HEADS for d in dtypes]
     if decode:
         print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
