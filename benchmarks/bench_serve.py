@@ -19,6 +19,9 @@ experts the batch is expected to touch under uniform routing, the recurrent and 
 and the attention KV of the batch) over the read bandwidth measured here (best of several full
 reads of 1 GiB, by a float32 ``sum`` and by a bf16 matrix-vector product, before the run and
 after every round: load from elsewhere only lowers it), and the share of that bound reached.
+The bound is an estimate, not a ceiling: this machine's 480 MB L3 can keep part of the 1.5 GB a
+batch-1 step reads between steps, and on a loaded machine the probes may never see a quiet
+moment, so shares above 100 % happen (seen here in quiet windows of a loaded run).
 
 How the engines run, and why: one subprocess per engine, each holding an in-process
 ``vllm.LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``enforce_eager=True``) and driving
