@@ -1,9 +1,10 @@
 """GDN prefill and decode on CPU: this project's torch backend against its peers, in one run.
 
 Ours:
-  ours       backend "torch" (chunked prefill, batched in-place decode), any dtype / head size
-  ours-vcpu  backend "vllm_cpu" (opt-in; prefill only, bf16, D in {64, 128}): vLLM's C++ kernel
-             behind this project's op surface, its argument conversions counted in its time
+  ours   backend "torch" (chunked prefill, in-place per-row decode), any dtype / head size
+  auto   backend "auto", what the plugin runs: on the CPU, bf16 prefill and decode with
+         Dk = Dv in {64, 128} go to the "vllm_cpu" backend (vLLM's C++ kernels behind this
+         project's op surface, its argument conversions counted in its time), the rest to "torch"
 Peers:
   hf    transformers' Qwen3.5 torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule
         (GQA by repeat_interleave of q/k, as HF's model does before calling them)
@@ -17,9 +18,12 @@ of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
 
     python benchmarks/bench_ops.py            # the issue's shapes (~1 min on 2 quiet cores)
     python benchmarks/bench_ops.py --quick    # small shapes, a smoke run
+    python benchmarks/bench_ops.py --lengths 8192 --batches --dtypes bfloat16 --no-hf --budget 20
+                                              # the T = 8192 bf16 rows again, more rounds
 """
 
 import argparse
+import os
 import pathlib
 import time
 
@@ -78,7 +82,7 @@ def qwen35_gating(a, b, A_log, dt_bias):
     return g, torch.sigmoid(b.float())
 
 
-def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
+def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True):
     gen = torch.Generator().manual_seed(tokens + num_v_heads)
     q = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
     k = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
@@ -86,19 +90,19 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s):
     g, beta = qwen35_gating(*gating_inputs(tokens, num_v_heads, gen))
     cu = torch.tensor([0, tokens], dtype=torch.int32)
     group = num_v_heads // num_k_heads
-    runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0]}
-    if hf is not None:
+    runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0],
+            "auto": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True)[0]}
+    if with_hf and hf is not None:
         runs["hf"] = lambda: hf.torch_chunk_gated_delta_rule(
             q[None].repeat_interleave(group, 2), k[None].repeat_interleave(group, 2), v[None], g[None], beta[None],
             output_final_state=True, use_qk_l2norm_in_kernel=True)[0][0]
     if HAVE_VLLM and dtype == torch.bfloat16:
-        runs["ours-vcpu"] = lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="vllm_cpu")[0]
         runs["vllm"] = lambda: vllm_ops.chunk_gated_delta_rule_cpu(
             query=q[None], key=k[None], value=v[None], g=g[None], beta=beta[None].bfloat16(),
             initial_state=torch.zeros(1, num_v_heads, DIM, DIM), output_final_state=True, cu_seqlens=cu,
             head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32),
             eps=1e-6)[0][0]
-    return _row(race(runs, budget_s, max_rounds=5))
+    return _row(race(runs, budget_s, max_rounds=10))
 
 
 def _row(raced):
@@ -111,7 +115,7 @@ def _row(raced):
     return row
 
 
-def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
+def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True):
     gen = torch.Generator().manual_seed(batch + num_v_heads)
     q = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
     k = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
@@ -123,11 +127,15 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
     group = num_v_heads // num_k_heads
     # Each run advances its own cache in place; the warm-up run (the one compared) starts
     # from the same cache for every peer.
-    ours_cache, vllm_cache = start_cache.clone(), start_cache.clone()
+    ours_cache, auto_cache, vllm_cache = start_cache.clone(), start_cache.clone(), start_cache.clone()
 
     def run_ours():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
         return ops.gdn_decode(q, k, v, g, beta, ours_cache, indices, use_qk_l2norm=True, backend="torch")
+
+    def run_auto():
+        g, beta = qwen35_gating(a, b, A_log, dt_bias)
+        return ops.gdn_decode(q, k, v, g, beta, auto_cache, indices, use_qk_l2norm=True)
 
     def run_hf():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
@@ -142,8 +150,8 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s):
             initial_state_source=vllm_cache, initial_state_indices=indices,
             cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
-    runs = {"ours": run_ours}
-    if hf is not None:
+    runs = {"ours": run_ours, "auto": run_auto}
+    if with_hf and hf is not None:
         runs["hf"] = run_hf
     if HAVE_VLLM and dtype == torch.bfloat16:
         runs["vllm"] = run_vllm
@@ -160,17 +168,17 @@ def fmt_ratio(peer, ours):
 
 def print_table(title, size_name, rows):
     print(f"\n{title}")
-    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | ours-vcpu ms | HF ms | vLLM C++ ms | ours vs HF "
-              f"| ours vs vLLM | ours-vcpu vs HF | ours-vcpu vs vLLM | max abs diff HF | max abs diff vLLM |")
+    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | auto ms | HF ms | vLLM C++ ms | ours vs HF "
+              f"| ours vs vLLM | auto vs HF | auto vs vLLM | max abs diff HF | max abs diff vLLM |")
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
     for (size, hk, hv, dtype), r in rows:
-        vcpu = r.get("ours-vcpu")
+        auto = r.get("auto")
         print(f"| {size:>6} | {hk}/{hv} | {str(dtype).replace('torch.', ''):>8} | {fmt_ms(r['ours'])} "
-              f"| {fmt_ms(vcpu)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
+              f"| {fmt_ms(auto)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
               f"| {fmt_ratio(r.get('hf'), r['ours'])} | {fmt_ratio(r.get('vllm'), r['ours'])} "
-              f"| {'-' if vcpu is None else fmt_ratio(r.get('hf'), vcpu)} "
-              f"| {'-' if vcpu is None else fmt_ratio(r.get('vllm'), vcpu)} "
+              f"| {'-' if auto is None else fmt_ratio(r.get('hf'), auto)} "
+              f"| {'-' if auto is None else fmt_ratio(r.get('vllm'), auto)} "
               f"| {r.get('hf_diff', float('nan')):.2e} | {r.get('vllm_diff', float('nan')):.2e} |")
 
 
@@ -189,7 +197,7 @@ def plot(prefill, decode, path):
                 if not sel:
                     continue
                 sizes = [s for s, _ in sel]
-                for peer, marker in (("ours", "o"), ("ours-vcpu", "x"), ("hf", "s"), ("vllm", "^")):
+                for peer, marker in (("ours", "o"), ("auto", "x"), ("hf", "s"), ("vllm", "^")):
                     times = [r.get(peer) for _, r in sel]
                     if all(t is not None for t in times):
                         label = f"{peer} {hk}/{hv} {str(dtype).replace('torch.', '')}"
@@ -210,19 +218,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, a smoke run")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed runs per case and peer")
+    parser.add_argument("--lengths", type=int, nargs="*", help="prefill lengths T (default 512 2048 8192)")
+    parser.add_argument("--batches", type=int, nargs="*", help="decode batches B (default 1 16 64; none: skip)")
+    parser.add_argument("--dtypes", nargs="*", choices=("bfloat16", "float32"), default=("bfloat16", "float32"))
+    parser.add_argument("--no-hf", action="store_true", help="leave out transformers' functions (slow)")
     args = parser.parse_args()
-    lengths = (256, 512) if args.quick else (512, 2048, 8192)
-    batches = (1, 16) if args.quick else (1, 16, 64)
-    dtypes = (torch.bfloat16, torch.float32)
+    lengths = args.lengths if args.lengths is not None else (256, 512) if args.quick else (512, 2048, 8192)
+    batches = args.batches if args.batches is not None else (1, 16) if args.quick else (1, 16, 64)
+    dtypes = tuple(getattr(torch, name) for name in args.dtypes)
     bench_prefill(128, 16, 16, torch.bfloat16, 0.0)  # warm up thread pools and lazy imports
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {hf is not None}, "
-          f"vLLM C++ kernels: {HAVE_VLLM}")
-    prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget))
+    with_hf = hf is not None and not args.no_hf
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {with_hf}, "
+          f"vLLM C++ kernels: {HAVE_VLLM}; load averages {os.getloadavg()}")
+    prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget, with_hf))
                for t in lengths for hk, hv in HEADS for d in dtypes]
     print_table("Prefill (one sequence of T tokens, D = 128)", "T", prefill)
-    decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget))
+    decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget, with_hf))
               for b in batches for hk, hv in HEADS for d in dtypes]
-    print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
+    if decode:
+        print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
+    print(f"load averages at the end {os.getloadavg()}")
     path = RESULTS / "bench_ops.png"
     plot(prefill, decode, path)
     print(f"\nplot: {path}")

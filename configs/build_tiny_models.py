@@ -1,7 +1,8 @@
-"""Build tiny random-weight Qwen3.5 / Qwen3-Next checkpoints with a locally trained tokenizer.
+"""Build random-weight Qwen3.5 / Qwen3-Next checkpoints (tiny, and real per-layer dims) with a local tokenizer.
 
-    python configs/build_tiny_models.py                 # all models into configs/tiny-models/
+    python configs/build_tiny_models.py                 # all tiny models into configs/tiny-models/
     python configs/build_tiny_models.py --only qwen3_5-dense --out /tmp/models
+    python configs/build_tiny_models.py --only qwen3-next-real --layers 4 --experts 8 --out /tmp/models
 
 Each model is a Hugging Face checkpoint folder (config.json, sharded bf16 safetensors,
 tokenizer with a ChatML chat template), built by transformers' own model classes so
@@ -19,6 +20,21 @@ the checkpoint names and layouts are the real ones:
 greedy decisions are decisive: near-flat logits or near-equal router scores let bf16
 rounding flip ties between equally correct implementations. A folder appears only
 once complete (built aside, then renamed), so ``--if-missing`` never keeps half a model.
+
+Real dimensions (``REAL_MODELS``, built only when named: ~1.5-2.6 GB each in bf16): the
+per-layer shapes of published checkpoints with only a few layers (``--layers``, default
+4: three GatedDeltaNet layers and one attention layer) and the full 248,320-token
+vocabulary. The small tokenizer covers ids below 512; any id of the vocabulary can be
+sent as ``prompt_token_ids``.
+
+| name | architecture | dimensions of |
+|---|---|---|
+| qwen3_5-2b-real | Qwen3_5ForCausalLM | Qwen3.5-2B: hidden 2048, GDN 16/16 heads x 128, attention 8/2 x 256, MLP 6144, tied |
+| qwen3_5-35b-a3b-real | Qwen3_5MoeForCausalLM | Qwen3.5-35B-A3B: hidden 2048, GDN 16/32 x 128, attention 16/2 x 256, experts of 512 + shared 512 |
+| qwen3-next-real | Qwen3NextForCausalLM | the same dims in the Qwen3-Next layout (vLLM's built-in Qwen3-Next serves it too) |
+
+The MoE ones keep ``--experts`` experts (default 8; the published 256 would not fit a
+shared machine) and route the published top-8 (at most ``--experts``) per token.
 """
 
 import argparse
@@ -30,6 +46,9 @@ import shutil
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "configs" / "tiny-models"
 MODELS = ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl")
+REAL_MODELS = ("qwen3_5-2b-real", "qwen3_5-35b-a3b-real", "qwen3-next-real")
+REAL_LAYERS = 4
+REAL_EXPERTS = 8
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -142,6 +161,80 @@ def build_model(name: str, tokenizer):
     raise ValueError(f"name must be one of {list(MODELS)}; got {name!r}")
 
 
+# Fields that give a checkpoint its shapes (and numerics); everything else keeps the
+# config class's own default.
+DIMENSION_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_num_key_heads", "linear_num_value_heads", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok", "rms_norm_eps",
+    "tie_word_embeddings",
+)
+# Published fields that transformers' config classes do not default to. Qwen3_5TextConfig's
+# defaults are a 9B-style model; Qwen/Qwen3.5-2B's config.json has these instead. Both
+# published Qwen3.5 configs use rope_theta 1e7 (the classes default to 1e4) and 262,144
+# positions.
+QWEN3_5_2B_FIELDS = dict(
+    hidden_size=2048, intermediate_size=6144, num_attention_heads=8, num_key_value_heads=2,
+    linear_num_value_heads=16, tie_word_embeddings=True,
+)
+PUBLISHED_ROPE = {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}
+PUBLISHED_MAX_POSITIONS = 262_144
+
+
+def published_dims(name: str) -> dict:
+    """The dimension fields of the published checkpoint behind a real-dims ``name``.
+
+    Read from transformers' config classes: ``Qwen3_5MoeTextConfig()`` defaults are
+    Qwen3.5-35B-A3B's (its documented checkpoint); Qwen3.5-2B is ``Qwen3_5TextConfig()``
+    with ``QWEN3_5_2B_FIELDS``. ``qwen3-next-real`` takes the 35B-A3B fields, which equal
+    Qwen3-Next-80B-A3B's per-layer dims (``Qwen3NextConfig()``) but for the expert count,
+    top-k and vocabulary.
+    """
+    import transformers as tf
+
+    if name == "qwen3_5-2b-real":
+        defaults, extra = tf.Qwen3_5TextConfig(), QWEN3_5_2B_FIELDS
+    elif name in ("qwen3_5-35b-a3b-real", "qwen3-next-real"):
+        defaults, extra = tf.Qwen3_5MoeTextConfig(), {}
+    else:
+        raise ValueError(f"name must be one of {list(REAL_MODELS)}; got {name!r}")
+    dims = {key: getattr(defaults, key) for key in DIMENSION_KEYS if hasattr(defaults, key)}
+    dims.update(extra)
+    return dims
+
+
+def build_real_model(name: str, tokenizer, num_layers: int = REAL_LAYERS, num_experts: int = REAL_EXPERTS):
+    """A transformers model with the published per-layer dims of ``name``, ``num_layers`` layers.
+
+    The layer pattern is the published one (every 4th layer full attention); MoE
+    models keep ``num_experts`` experts and route ``min(published top-k, num_experts)``.
+    """
+    import transformers as tf
+
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1; got {num_layers}")
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be >= 1; got {num_experts}")
+    dims = published_dims(name)
+    if "num_experts" in dims:
+        dims.update(num_experts=num_experts, num_experts_per_tok=min(dims["num_experts_per_tok"], num_experts))
+    kwargs = dict(
+        dims,
+        num_hidden_layers=num_layers,
+        max_position_embeddings=PUBLISHED_MAX_POSITIONS,
+        rope_parameters=dict(PUBLISHED_ROPE),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    if name == "qwen3_5-2b-real":
+        return tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**kwargs))
+    if name == "qwen3_5-35b-a3b-real":
+        return tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**kwargs))
+    config = tf.Qwen3NextConfig(**kwargs, decoder_sparse_step=1, mlp_only_layers=[])
+    return tf.Qwen3NextForCausalLM(config)
+
+
 ROUTER_GAIN = 4.0
 
 
@@ -182,26 +275,47 @@ def add_mtp_shard(folder: pathlib.Path, config) -> None:
     index_path.write_text(json.dumps(index, indent=2) + "\n")
 
 
-def build(name: str, out_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Build one tiny checkpoint into ``out_dir / name`` (written whole, then renamed into place)."""
+def build(
+    name: str, out_dir: pathlib.Path, seed: int = 0, num_layers: int = REAL_LAYERS, num_experts: int = REAL_EXPERTS
+) -> pathlib.Path:
+    """Build one checkpoint into ``out_dir / name`` (written whole, then renamed into place).
+
+    ``num_layers`` and ``num_experts`` apply to the ``REAL_MODELS`` only.
+    """
     import torch
 
-    if name not in MODELS:
-        raise ValueError(f"name must be one of {list(MODELS)}; got {name!r}")
+    if name not in MODELS + REAL_MODELS:
+        raise ValueError(f"name must be one of {list(MODELS + REAL_MODELS)}; got {name!r}")
+    real = name in REAL_MODELS
     target = out_dir / name
     staging = out_dir / f".{name}.partial"
     out_dir.mkdir(parents=True, exist_ok=True)
+    if staging.exists():
+        shutil.rmtree(staging)
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
-    model = build_model(name, tokenizer)
+    if real:
+        # Initialised in bf16 directly: an fp32 copy of a 2.6 GB checkpoint would double the peak.
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            model = build_real_model(name, tokenizer, num_layers, num_experts)
+        finally:
+            torch.set_default_dtype(default_dtype)
+    else:
+        model = build_model(name, tokenizer)
     sharpen_router(model)
     model = model.to(torch.bfloat16)
-    # Small shards so the loader is exercised on a multi-file checkpoint.
-    model.save_pretrained(staging, max_shard_size="200KB")
+    # Tiny: small shards so the loader is exercised on a multi-file checkpoint.
+    model.save_pretrained(staging, max_shard_size="1GB" if real else "200KB")
     tokenizer.save_pretrained(staging)
     if name == "qwen3_5-dense":
         add_mtp_shard(staging, model.config)
-    (staging / "tiny-model.json").write_text(json.dumps({"name": name, "seed": seed}) + "\n")
+    record = {"name": name, "seed": seed}
+    if real:
+        record.update(num_layers=num_layers, num_experts=num_experts)
+    (staging / "tiny-model.json").write_text(json.dumps(record) + "\n")
+    del model
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)
@@ -211,13 +325,18 @@ def build(name: str, out_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="folder to build into")
-    parser.add_argument("--only", choices=MODELS, action="append", help="build only these (repeatable)")
+    parser.add_argument(
+        "--only", choices=MODELS + REAL_MODELS, action="append",
+        help="build only these (repeatable; default: every tiny model)",
+    )
     parser.add_argument("--if-missing", action="store_true", help="skip models whose folder already exists")
+    parser.add_argument("--layers", type=int, default=REAL_LAYERS, help="layers of a real-dims model")
+    parser.add_argument("--experts", type=int, default=REAL_EXPERTS, help="experts of a real-dims MoE model")
     args = parser.parse_args(argv)
     for name in args.only or MODELS:
         if args.if_missing and (args.out / name / "config.json").exists():
             continue
-        print(f"[tiny-models] {name} -> {build(name, args.out)}")
+        print(f"[tiny-models] {name} -> {build(name, args.out, num_layers=args.layers, num_experts=args.experts)}")
 
 
 if __name__ == "__main__":

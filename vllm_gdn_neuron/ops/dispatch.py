@@ -1,19 +1,76 @@
-"""Backend choice: ``backend="auto"`` -> ``$VLLM_GDN_BACKEND`` -> ``nki`` on Neuron -> ``torch``.
+"""Backend choice: ``backend="auto"`` -> ``$VLLM_GDN_BACKEND`` -> ``nki`` on Neuron -> measured rules -> ``torch``.
 
 Backend modules live at ``vllm_gdn_neuron.ops.backends.<name>`` and are imported lazily, the
 first time an op asks for them; see ``backends/__init__.py`` for the contract they implement.
 An op the chosen backend does not implement runs on ``torch`` under ``auto`` (including a
 ``$VLLM_GDN_BACKEND`` choice) and is refused when the backend is named in the call.
+
+On the CPU, ``auto`` picks per call, by the call's dtype and shapes, the backend the benchmarks
+measured fastest (``AUTO_RULES``); calls no rule claims, and other devices, run on ``torch``.
 """
 
 import functools
 import importlib
 import importlib.util
 import os
+import types
+
+import torch
 
 BACKENDS = ("torch", "nki", "vllm_cpu")
 ENV_VAR = "VLLM_GDN_BACKEND"
 NEURON_DEVICE_TYPES = ("xla", "neuron")
+#: vLLM's C++ GDN prefill kernel: bfloat16, Dk == Dv in these sizes, the default scale.
+VLLM_CPU_HEAD_DIMS = (64, 128)
+
+
+def _vllm_cpu_wins(q, v, scale):
+    """bf16 GDN on the CPU with Dk == Dv in {64, 128} and the default scale: vLLM's kernels.
+
+    Measured on this project's 2-core AVX-512-BF16 + AMX machine, torch backend against this
+    backend on the same call, round-robin, best of 4-30 rounds, ``use_qk_l2norm``, Hk/Hv 16/32
+    and D = 128 unless said (1-min load average in brackets; ``benchmarks/README.md`` has the
+    benchmark tables):
+
+    | call | torch ms | vllm_cpu ms |
+    |---|---|---|
+    | prefill T = 8192, 1 sequence, 16/16 [0.0] | 237 | 127 |
+    | prefill T = 8192, 1 sequence [0.0] | 529 | 230 |
+    | prefill T = 4096, 8 sequences, initial states [5.0] | 2959 | 294 |
+    | prefill T = 512, 1 sequence [5.0] | 129 | 18.1 |
+    | prefill T = 512, 1 sequence, 16/16, D = 64 [5.0] | 20.9 | 4.6 |
+    | prefill T = 128, 1 sequence [5.0] | 27.5 | 5.1 |
+    | prefill T = 16, 16 sequences of 1 [5.0] | 475 | 44 |
+    | decode, 1 row [8.5] | 0.27 | 0.17 |
+    | decode, 8 rows [8.5] | 2.30 | 1.30 |
+    | decode, 32 rows [8.5] | 86.9 | 7.9 |
+
+    No measured shape favoured torch; under load the gap widens (each torch op that spans both
+    cores waits for the other core's thread; vLLM's kernels run one parallel region per call).
+
+    Their bf16 arithmetic costs accuracy against torch's float32 (decode: about 0.5 % of the
+    state's peak per step, the kernel's own; prefill: about one bf16 ulp); both are held to the
+    same float64 references in ``tests/ops/test_vllm_cpu_backend.py``. ``VLLM_GDN_BACKEND=torch``
+    pins the float32 torch math.
+    """
+    dim_k, dim_v = q.shape[2], v.shape[2]
+    return q.dtype == torch.bfloat16 and dim_k == dim_v and dim_k in VLLM_CPU_HEAD_DIMS and scale == dim_k ** -0.5
+
+
+def _gdn_prefill_on_vllm_cpu(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
+    return _vllm_cpu_wins(q, v, scale)
+
+
+def _gdn_decode_on_vllm_cpu(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
+    return _vllm_cpu_wins(q, v, scale) and load_backend("vllm_cpu").rows_contiguous(state)
+
+
+#: op -> ``((backend, wins(*op_args) -> bool), ...)``, tried in order under ``auto`` on the CPU;
+#: the first available backend whose rule holds runs the call, else ``torch``.
+AUTO_RULES = {
+    "gdn_prefill": (("vllm_cpu", _gdn_prefill_on_vllm_cpu),),
+    "gdn_decode": (("vllm_cpu", _gdn_decode_on_vllm_cpu),),
+}
 
 
 @functools.cache
@@ -32,16 +89,21 @@ def _nki_package_present():
         return False
 
 
-def _nki_is_usable(device):
-    """A real Neuron device (a torch device of type xla / neuron, or the real ``nki`` package)."""
-    if device.type not in NEURON_DEVICE_TYPES and not _nki_package_present():
-        return False
+def _is_available(name):
+    """The backend imports and (if it can tell) says it can run here."""
     try:
-        module = load_backend("nki")
+        module = load_backend(name)
     except ValueError:
         return False
     is_available = getattr(module, "is_available", None)
     return is_available() if is_available is not None else True
+
+
+def _nki_is_usable(device):
+    """A real Neuron device (a torch device of type xla / neuron, or the real ``nki`` package)."""
+    if device.type not in NEURON_DEVICE_TYPES and not _nki_package_present():
+        return False
+    return _is_available("nki")
 
 
 def _check_name(argument, name):
@@ -58,7 +120,9 @@ def select_backend(backend, op_name, device):
         device: the torch device of the op's tensors.
 
     Returns:
-        The backend module; it has a function named ``op_name``.
+        The backend module, or under ``auto`` on the CPU where ``AUTO_RULES`` has rules for the
+        op, an object whose ``op_name`` picks the backend per call; either has a function named
+        ``op_name``.
     """
     if backend == "auto":
         override = os.environ.get(ENV_VAR, "").strip()
@@ -68,6 +132,8 @@ def select_backend(backend, op_name, device):
             return module if hasattr(module, op_name) else _require_op("torch", op_name, ENV_VAR)
         if _nki_is_usable(device) and hasattr(load_backend("nki"), op_name):
             return load_backend("nki")
+        if device.type == "cpu":
+            return _measured_choice(op_name)
         return _require_op("torch", op_name, "backend")
     _check_name("backend", backend)
     return _require_op(backend, op_name, "backend")
@@ -78,3 +144,44 @@ def _require_op(name, op_name, argument):
     if not hasattr(module, op_name):
         raise ValueError(f"{argument}: backend {name!r} does not implement {op_name}")
     return module
+
+
+@functools.cache
+def _measured_choice(op_name):
+    """``torch``, or a stand-in whose ``op_name`` runs each call on the backend AUTO_RULES pick."""
+    fallback = _require_op("torch", op_name, "backend")
+    rules = tuple((name, wins) for name, wins in AUTO_RULES.get(op_name, ()) if _is_available(name))
+    if not rules:
+        return fallback
+
+    def run(*args):
+        for name, wins in rules:
+            if wins(*args):
+                return getattr(load_backend(name), op_name)(*args)
+        return getattr(fallback, op_name)(*args)
+
+    run.__name__ = run.__qualname__ = op_name
+    return types.SimpleNamespace(**{op_name: run})
+
+
+#: The in-place cache-row ops of ``vllm_cpu`` that eager paged ops may call (see ``select_in_place``).
+IN_PLACE_OPS = ("paged_gdn_prefill", "gdn_decode")
+
+
+def select_in_place(op_name, q, v, ssm_cache, scale):
+    """The ``vllm_cpu`` function an eager CPU paged op can run on its cache, or None for torch.
+
+    ``op_name`` is ``"paged_gdn_prefill"`` or ``"gdn_decode"`` (the backend functions of those
+    names, both updating float32 cache rows in place). Chosen where ``_vllm_cpu_wins`` holds,
+    the cache is float32 on the CPU with contiguous rows, the backend is available and
+    ``$VLLM_GDN_BACKEND`` names no other backend. Never for traced code (C++ calls).
+    """
+    if op_name not in IN_PLACE_OPS:
+        raise ValueError(f"op_name: expected one of {IN_PLACE_OPS}, got {op_name!r}")
+    override = os.environ.get(ENV_VAR, "").strip()
+    if override not in ("", "auto", "vllm_cpu"):
+        return None
+    if not (q.device.type == "cpu" and ssm_cache.dtype == torch.float32 and _vllm_cpu_wins(q, v, scale)
+            and _is_available("vllm_cpu") and load_backend("vllm_cpu").rows_contiguous(ssm_cache)):
+        return None
+    return getattr(load_backend("vllm_cpu"), op_name)

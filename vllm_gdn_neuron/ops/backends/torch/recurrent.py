@@ -4,8 +4,10 @@ Per value head: ``S <- exp(g) S``; ``v_new = beta (v - S^T k)``; ``S <- S + k v_
 ``o = S'^T q``. Both reads come from the undecayed state in one matmul,
 ``[k; q]^T S = [kS, qS]``: ``S^T k = exp(g) kS`` and
 ``o = exp(g) qS + (q . k) v_new``. Each cache row is then updated in place
-(``S.mul_(exp(g)).baddbmm_(k, v_new)``), so the state is read once and written once per step,
-never gathered into a copy.
+(``S.mul_(exp(g)).baddbmm_(k, v_new)``) right after its read, while it is still in cache: a
+row (``Hv x Dk x Dv`` float32, 2 MiB at 32 x 128 x 128) comes from memory once per step and
+goes back once, never gathered into a copy. Reading all rows first and updating them after
+read every row from memory twice (measured 1.7x slower at 32 rows of 2 MiB).
 """
 
 import torch
@@ -21,15 +23,18 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     q, k = prepare_qk(q, k, scale, use_qk_l2norm)
     # [N, Hv, 2, Dk]: the key and the query of each value head's key head.
     k_q = torch.stack([k, q], dim=2).repeat_interleave(group, dim=1)
-    slots = state_indices.tolist()
-    reads = torch.empty(rows, num_v_heads, 2, dim_v, dtype=torch.float32, device=v.device)
-    for row, slot in enumerate(slots):
-        torch.bmm(k_q[row], state[slot], out=reads[row])
     decay = g.exp()[..., None]                                           # [N, Hv, 1]
-    v_new = beta[..., None] * (v.float() - decay * reads[:, :, 0])       # [N, Hv, Dv]
+    beta_v = beta[..., None] * v.float()                                 # [N, Hv, Dv]
+    beta_decay = beta[..., None] * decay                                 # [N, Hv, 1]
     q_dot_k = (k_q[:, :, 0] * k_q[:, :, 1]).sum(-1, keepdim=True)        # [N, Hv, 1]
-    o = decay * reads[:, :, 1] + q_dot_k * v_new
     keys = k_q[:, :, 0, :, None]                                         # [N, Hv, Dk, 1]
-    for row, slot in enumerate(slots):
-        state[slot].mul_(decay[row, :, :, None]).baddbmm_(keys[row], v_new[row, :, None, :])
+    reads = torch.empty(num_v_heads, 2, dim_v, dtype=torch.float32, device=v.device)
+    v_new = torch.empty(num_v_heads, dim_v, dtype=torch.float32, device=v.device)
+    o = torch.empty(rows, num_v_heads, dim_v, dtype=torch.float32, device=v.device)
+    for row, slot in enumerate(state_indices.tolist()):
+        s = state[slot]
+        torch.bmm(k_q[row], s, out=reads)
+        torch.addcmul(beta_v[row], beta_decay[row], reads[:, 0], value=-1, out=v_new)
+        torch.addcmul(q_dot_k[row] * v_new, decay[row], reads[:, 1], out=o[row])
+        s.mul_(decay[row, :, :, None]).baddbmm_(keys[row], v_new[:, None, :])
     return o.to(v.dtype)

@@ -1,0 +1,399 @@
+"""Serving speed on CPU: this plugin against vLLM's built-in Qwen3-Next, on one checkpoint, in one run.
+
+Both engines serve the same random-weight Qwen3-Next checkpoint with real per-layer dimensions
+(the tiny-model builder's ``qwen3-next-real``: hidden 2048, GDN heads 16/32 x 128, attention
+16/2 x 256, 8-expert MoE with all 8 routed, vocabulary 248,320, bf16, 4 layers):
+
+  plugin    vLLM with this project's plugin (its Qwen3-Next model and GDN layer, ``backend="auto"``)
+  built-in  vLLM's own Qwen3-Next (``VLLM_GDN_NEURON_DISABLE=1``): vLLM's C++ CPU GDN kernels
+
+Rows: prefill (N prompts of ``--prefill-len`` tokens, one output token each) and decode
+(N prompts of ``--decode-prompt-len`` tokens, ``--decode-len`` new tokens each, greedy,
+``ignore_eos``) at N = 1, 8 and 32 requests submitted at once. Per row and engine: tokens/s
+(prefill: prompt tokens / time until the last first token; decode: tokens after each
+request's first / time from the last first token to the end) and latency percentiles
+(prefill: time to first token; decode: inter-token latency, a step's time split over the
+tokens it returned), and the 1-minute load average when the shown round ended. Each decode row also has the machine's memory-bandwidth bound: the bytes
+one decode step must read (every weight tensor except the embedding table, the routed
+experts the batch is expected to touch under uniform routing, the recurrent and conv states
+and the attention KV of the batch) over the read bandwidth measured here (best of several full
+reads of 1 GiB, by a float32 ``sum`` and by a bf16 matrix-vector product, before the run and
+after every round: load from elsewhere only lowers it), and the share of that bound reached.
+The bound is an estimate, not a ceiling: this machine's 480 MB L3 can keep part of the 1.5 GB a
+batch-1 step reads between steps, and on a loaded machine the probes may never see a quiet
+moment, so shares above 100 % happen (seen here in quiet windows of a loaded run).
+
+How the engines run, and why: one subprocess per engine, each holding an in-process
+``vllm.LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``enforce_eager=True``) and driving
+``llm.llm_engine`` step by step (``add_request`` / ``step``), timestamping every step's
+outputs. In-process engines start in seconds (an OpenAI server takes 25-100 s) and their
+timings hold no HTTP, JSON or detokenisation cost, so the numbers are the model and the
+scheduler; a subprocess per engine because the plugin is switched on or off when vLLM loads
+its plugins, once per process, so one process cannot hold both model classes. Both
+subprocesses stay up for the whole run and take turns: every round runs each row on both
+engines back to back (the engine that goes first alternates), so load from elsewhere on a
+shared machine hits both alike; a row's result is its best round (highest tokens/s, its
+latencies from that round). Prompts are random token ids, new ones each round, the same for
+both engines; prefix caching is off so every round prefills in full.
+
+    python benchmarks/bench_serve.py                  # the full table (~10 min on 2 quiet cores)
+    python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
+    python benchmarks/bench_serve.py --model CKPT     # any Qwen3-Next checkpoint folder
+    python benchmarks/bench_serve.py --only decode:1  # one row again (repeatable)
+
+Writes ``benchmarks/results/bench_serve.{md,json,png}`` (``bench_serve-decode1.*`` etc. with ``--only``).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ENGINES = ("plugin", "built-in")
+CONCURRENCY = (1, 8, 32)
+RESULT_TAG = "@@bench_serve "
+PERCENTILES = (50, 90, 99)
+
+
+# --------------------------------------------------------------------------------------------
+# The checkpoint
+# --------------------------------------------------------------------------------------------
+
+CHECKPOINT = "qwen3-next-real"
+
+
+def build_checkpoint(out_dir):
+    """The tiny-model builder's ``qwen3-next-real``: published Qwen3-Next / Qwen3.5-35B-A3B
+    per-layer dims, 4 layers, 8 experts (all routed), full vocabulary, random bf16 weights."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    return builder.build(CHECKPOINT, out_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# The machine's limit
+# --------------------------------------------------------------------------------------------
+
+def measure_read_bandwidth(num_bytes=2**30, rounds=5):
+    """Best read bandwidth (bytes/s) over full reads of ``num_bytes``: a float32 ``sum`` and a bf16
+    matrix-vector product (how a decode step reads its weights, through oneDNN)."""
+    import torch
+
+    data = torch.ones(num_bytes // 4, dtype=torch.float32)
+    weight = torch.ones(num_bytes // (2 * 4096), 4096, dtype=torch.bfloat16)
+    vector = torch.ones(1, 4096, dtype=torch.bfloat16)
+    probes = (data.sum, lambda: torch.nn.functional.linear(vector, weight))
+    best = float("inf")
+    for probe in probes:
+        probe()
+        for _ in range(rounds):
+            start = time.perf_counter()
+            probe()
+            best = min(best, time.perf_counter() - start)
+    return num_bytes / best
+
+
+def decode_bytes_per_step(model_dir, batch, context_len):
+    """Bytes one decode step of ``batch`` sequences reads (see the module docstring)."""
+    from safetensors import safe_open
+
+    config = json.loads((model_dir / "config.json").read_text())
+    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
+    touched = experts * (1 - (1 - top_k / experts) ** batch)  # expected distinct experts, uniform routing
+    weights = 0.0
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                if "embed_tokens" in name:
+                    continue
+                meta = f.get_slice(name)
+                size = _numel(meta.get_shape()) * _dtype_bytes(meta.get_dtype())
+                weights += size * touched / experts if ".mlp.experts." in name else size
+    layer_types = config["layer_types"]
+    num_gdn = layer_types.count("linear_attention")
+    num_attn = layer_types.count("full_attention")
+    hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    recurrent = hv * dk * dv * 4                                   # float32 state on CPU
+    conv = (2 * hk * dk + hv * dv) * config["linear_conv_kernel_dim"] * 2
+    kv = context_len * 2 * config["num_key_value_heads"] * config["head_dim"] * 2
+    return weights + batch * (num_gdn * (recurrent + conv) + num_attn * kv), weights
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _dtype_bytes(name):
+    return {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4}[name]
+
+
+# --------------------------------------------------------------------------------------------
+# One engine (the subprocess)
+# --------------------------------------------------------------------------------------------
+
+def engine_kwargs(args):
+    return dict(
+        model=str(args.model), dtype="bfloat16", enforce_eager=True, max_model_len=args.max_model_len,
+        max_num_seqs=max(CONCURRENCY), max_num_batched_tokens=args.max_batched_tokens, enable_prefix_caching=False,
+        gpu_memory_utilization=0.15, kv_cache_memory_bytes=args.kv_cache_mib * 2**20, seed=0)
+
+
+def run_requests(engine, prompts, max_tokens, tag):
+    """Submit all ``prompts`` at once, step the engine to the end.
+
+    Returns:
+        per request ``[(seconds since submission, tokens so far), ...]``, one entry per step
+        that returned tokens for it.
+    """
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
+    trace = {f"{tag}-{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter() - start
+        for out in outputs:
+            count = len(out.outputs[0].token_ids)
+            if not trace[out.request_id] or trace[out.request_id][-1][1] != count:
+                trace[out.request_id].append((now, count))
+    return list(trace.values())
+
+
+def worker(args):
+    """Serve commands from stdin (one JSON line each); answer each with a tagged JSON line."""
+    from vllm import LLM
+
+    llm = LLM(**engine_kwargs(args))
+    engine = llm.llm_engine
+    run_requests(engine, [[1] * 16], 4, "warm-up")
+    print(RESULT_TAG + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        traces = run_requests(engine, command["prompts"], command["max_tokens"], command["tag"])
+        print(RESULT_TAG + json.dumps({"traces": traces}), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The driver
+# --------------------------------------------------------------------------------------------
+
+class Engine:
+    """One engine subprocess: ``ask(command) -> reply``; its log goes to ``log_path``."""
+
+    def __init__(self, name, args, log_path):
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        env.pop("VLLM_GDN_NEURON_DISABLE", None)
+        if name == "built-in":
+            env["VLLM_GDN_NEURON_DISABLE"] = "1"
+        argv = [sys.executable, __file__, "--worker", "--model", str(args.model),
+                "--max-model-len", str(args.max_model_len), "--max-batched-tokens", str(args.max_batched_tokens),
+                "--kv-cache-mib", str(args.kv_cache_mib)]
+        self.name, self.log = name, open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     env=env, text=True, bufsize=1)
+
+    def reply(self):
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_TAG):
+                return json.loads(line[len(RESULT_TAG):])
+            self.log.write(line)
+        raise RuntimeError(f"engine {self.name!r} exited (rc {self.proc.wait()}); see {self.log.name}")
+
+    def ask(self, command):
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        return self.reply()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+        self.log.close()
+
+
+def percentiles(values):
+    import numpy as np
+
+    return {f"p{p}": float(np.percentile(values, p)) * 1e3 for p in PERCENTILES} if values else {}
+
+
+def prefill_metrics(traces, prompt_len):
+    ttft = [trace[0][0] for trace in traces]
+    return dict(tokens_per_s=len(traces) * prompt_len / max(ttft), latency_ms=percentiles(ttft))
+
+
+def decode_metrics(traces):
+    decode_start = max(trace[0][0] for trace in traces)
+    end = max(trace[-1][0] for trace in traces)
+    tokens = sum(trace[-1][1] - trace[0][1] for trace in traces)
+    gaps = [(t1 - t0) / (n1 - n0) for trace in traces for (t0, n0), (t1, n1) in zip(trace, trace[1:])]
+    return dict(tokens_per_s=tokens / (end - decode_start), latency_ms=percentiles(gaps))
+
+
+def scenarios(args):
+    for phase in ("prefill", "decode"):
+        for n in CONCURRENCY:
+            if not args.only or f"{phase}:{n}" in args.only:
+                yield phase, n
+
+
+def run_benchmark(args, bandwidths):
+    import random
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    engines = {name: Engine(name, args, RESULTS / f"bench_serve-{name}.log") for name in ENGINES}
+    try:
+        for engine in engines.values():
+            engine.reply()  # ready
+        best = {}
+        loads = []
+        rng = random.Random(0)
+        for rnd in range(args.rounds):
+            loads.append(os.getloadavg())
+            for phase, n in scenarios(args):
+                prompt_len = args.prefill_len if phase == "prefill" else args.decode_prompt_len
+                max_tokens = 1 if phase == "prefill" else args.decode_len
+                prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
+                order = ENGINES if rnd % 2 == 0 else ENGINES[::-1]
+                for name in order:
+                    tag = f"{phase}-{n}-{rnd}"
+                    traces = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=tag))["traces"]
+                    result = prefill_metrics(traces, prompt_len) if phase == "prefill" else decode_metrics(traces)
+                    key = (phase, n, name)
+                    print(f"round {rnd} {phase:7s} N={n:2d} {name:8s} {result['tokens_per_s']:9.1f} tok/s "
+                          f"load {os.getloadavg()[0]:.2f}", flush=True)
+                    if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
+                        best[key] = dict(result, round=rnd, load=os.getloadavg())
+            bandwidths.append(measure_read_bandwidth())
+        loads.append(os.getloadavg())
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return best, loads
+
+
+def bound_columns(args, bandwidth, n):
+    context = args.decode_prompt_len + args.decode_len // 2
+    step_bytes, _ = decode_bytes_per_step(args.model, n, context)
+    return n * bandwidth / step_bytes, step_bytes
+
+
+def table(args, best, bandwidth):
+    lines = ["| phase | N | plugin tok/s | built-in tok/s | plugin / built-in | plugin p50 / p90 / p99 ms "
+             "| built-in p50 / p90 / p99 ms | bound tok/s | plugin share | built-in share | load plugin / built-in |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for phase, n in scenarios(args):
+        ours, peer = best[(phase, n, "plugin")], best[(phase, n, "built-in")]
+        bound = share_ours = share_peer = "-"
+        row = dict(phase=phase, n=n, plugin=ours, builtin=peer, ratio=ours["tokens_per_s"] / peer["tokens_per_s"])
+        if phase == "decode":
+            bound_tps, step_bytes = bound_columns(args, bandwidth, n)
+            row.update(bound_tokens_per_s=bound_tps, step_bytes=step_bytes)
+            bound = f"{bound_tps:.1f}"
+            share_ours = f"{100 * ours['tokens_per_s'] / bound_tps:.0f} %"
+            share_peer = f"{100 * peer['tokens_per_s'] / bound_tps:.0f} %"
+        lat = lambda r: " / ".join(f"{r['latency_ms'][f'p{p}']:.0f}" for p in PERCENTILES)
+        lines.append(f"| {phase} | {n} | {ours['tokens_per_s']:.1f} | {peer['tokens_per_s']:.1f} | "
+                     f"{row['ratio']:.2f}x | {lat(ours)} | {lat(peer)} | {bound} | {share_ours} | {share_peer} | "
+                     f"{ours['load'][0]:.1f} / {peer['load'][0]:.1f} |")
+        rows.append(row)
+    return "\n".join(lines), rows
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        sel = [r for r in rows if r["phase"] == phase]
+        xs = range(len(sel))
+        ax.bar([x - 0.2 for x in xs], [r["plugin"]["tokens_per_s"] for r in sel], 0.4, label="plugin")
+        ax.bar([x + 0.2 for x in xs], [r["builtin"]["tokens_per_s"] for r in sel], 0.4, label="built-in")
+        if phase == "decode":
+            ax.plot(list(xs), [r["bound_tokens_per_s"] for r in sel], "k_", markersize=30, mew=2,
+                    label="bandwidth bound")
+        for x, r in zip(xs, sel):
+            ax.annotate(f"{r['ratio']:.2f}x", (x, r["plugin"]["tokens_per_s"]), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs), [f"N = {r['n']}" for r in sel])
+        ax.set_ylabel("tokens/s (best round)")
+        ax.set_title(f"{phase}")
+        ax.legend(fontsize=8)
+    fig.suptitle("Qwen3-Next real per-layer dims, 4 layers, bf16, CPU: plugin vs vLLM built-in")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cpu_name():
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            flags = pathlib.Path("/proc/cpuinfo").read_text()
+            extras = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+            return f"{line.split(':', 1)[1].strip()} ({', '.join(extras) or 'no bf16 extensions'})"
+    return "unknown CPU"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=pathlib.Path, default=RESULTS / CHECKPOINT,
+                        help="checkpoint folder (the default is built there if missing)")
+    parser.add_argument("--quick", action="store_true", help="short prompts, one round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--prefill-len", type=int, default=256)
+    parser.add_argument("--decode-prompt-len", type=int, default=64)
+    parser.add_argument("--decode-len", type=int, default=32)
+    parser.add_argument("--prompt-vocab", type=int, default=500, help="prompt ids drawn from [3, this)")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-batched-tokens", type=int, default=4096)
+    parser.add_argument("--kv-cache-mib", type=int, default=1024)
+    parser.add_argument("--only", action="append", metavar="PHASE:N",
+                        help="run only these rows, e.g. decode:1 (repeatable), to rerun a load-bent row")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.quick:
+        args.rounds, args.prefill_len, args.decode_len = 1, 128, 8
+    if not (args.model / "config.json").exists():
+        if args.model != RESULTS / CHECKPOINT:
+            parser.error(f"--model: no config.json in {args.model}")
+        print(f"building {args.model} ...", flush=True)
+        build_checkpoint(RESULTS)
+    bandwidths = [measure_read_bandwidth()]
+    print(f"{cpu_name()}; read bandwidth {bandwidths[0] / 1e9:.1f} GB/s; load {os.getloadavg()}", flush=True)
+    best, loads = run_benchmark(args, bandwidths)
+    bandwidth = max(bandwidths)
+    header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s (best of "
+              f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s measured before the run and after each round)")
+    text, rows = table(args, best, bandwidth)
+    loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
+    report = (f"{header}\nload averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
+              f"prefill {args.prefill_len} tokens/request; decode {args.decode_len} tokens after a "
+              f"{args.decode_prompt_len}-token prompt; {args.rounds} rounds, best shown\n\n{text}\n")
+    print("\n" + report)
+    stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ())
+    (RESULTS / f"{stem}.md").write_text(report)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
+        bandwidth=bandwidth, loads=loads, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+    plot(rows, RESULTS / f"{stem}.png")
+    print(f"plot: {RESULTS / f'{stem}.png'}")
+
+
+if __name__ == "__main__":
+    main()
