@@ -1,0 +1,191 @@
+"""The sizing arithmetic against independent oracles.
+
+- weights: transformers' own models (parameters counted on the meta device) for the real
+  dimensions, and the bytes of the tiny checkpoints' safetensors for the tiny ones;
+- published measurements on trn2 (HBM used per core after weight load);
+- the per-slot state shapes of ``layers/gdn_cache.py`` and figures worked out by hand.
+"""
+
+import importlib.util
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+
+from vllm_gdn_neuron import sizing
+from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TRN2_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
+GIB = 1024**3
+MIB = 1024**2
+
+
+def _load_builder():
+    spec = importlib.util.spec_from_file_location("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    builder = _load_builder()
+    out = tmp_path_factory.mktemp("tiny-models")
+    return {name: builder.build(name, out) for name in builder.MODELS}
+
+
+def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
+    """Bytes of the text decoder's tensors (no vision tower, no MTP head) as stored."""
+    total = 0
+    for shard in folder.glob("*.safetensors"):
+        with safe_open(str(shard), framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith("mtp.") or ".visual." in key or key.startswith("visual."):
+                    continue
+                tensor = handle.get_slice(key)
+                total += math.prod(tensor.get_shape()) * 2  # bf16 checkpoints
+    return total
+
+
+@pytest.mark.parametrize("name", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
+def test_tiny_weights_equal_the_checkpoint_bytes(tiny_models, name):
+    folder = tiny_models[name]
+    result = sizing.size(sizing.checkpoint_dims(folder), sizing.ServingConfig(max_model_len=256, max_num_seqs=2))
+    assert result.weights_total == _served_checkpoint_bytes(folder)
+
+
+def _meta_parameter_count(class_name: str, overrides: dict) -> int:
+    import transformers
+
+    config = getattr(transformers, class_name)(**overrides)
+    model_class = transformers.Qwen3_5MoeForCausalLM if "Moe" in class_name else transformers.Qwen3_5ForCausalLM
+    with torch.device("meta"):
+        model = model_class(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(sizing.PUBLISHED))
+def test_real_weights_equal_transformers_parameter_count(name):
+    class_name, overrides, _ = sizing.PUBLISHED[name]
+    counted = sizing.count_weights(sizing.published_dims(name)).total
+    assert counted == _meta_parameter_count(class_name, overrides)
+
+
+# HBM used per core after loading weights, measured on trn2.3xlarge (TP 4, bf16, LNC=2):
+# 35B-A3B 16.19 GiB (vllm-neuron's Qwen3.5 example README), 9B 4.24 GiB and 27B 12.72 GiB
+# (aws-samples' Qwen3.5 dense Trainium sample). The measurements include runtime buffers,
+# so the weights alone may be a little lower, never higher.
+@pytest.mark.parametrize(
+    "name, measured_gib, tolerance",
+    [("Qwen/Qwen3.5-35B-A3B", 16.19, 0.005), ("Qwen/Qwen3.5-9B", 4.24, 0.03), ("Qwen/Qwen3.5-27B", 12.72, 0.03)],
+)
+def test_weights_per_core_match_trn2_measurements(name, measured_gib, tolerance):
+    result = sizing.size(sizing.published_dims(name), sizing.ServingConfig(tensor_parallel_size=4))
+    per_core_gib = result.weights_per_core / GIB
+    assert per_core_gib <= measured_gib * (1 + 0.001)
+    assert per_core_gib == pytest.approx(measured_gib, rel=tolerance)
+
+
+@pytest.mark.parametrize("name", sorted(sizing.PUBLISHED))
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_state_pages_match_the_layer_cache_shapes(name, tp):
+    dims = sizing.published_dims(name)
+    result = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=tp, max_model_len=2048))
+    text_config = sizing.PUBLISHED[name]
+    import transformers
+
+    config = getattr(transformers, text_config[0])(**text_config[1])
+    (channels, width), (heads, dk, dv) = gdn_state_shapes(config, tp)
+    assert result.conv_state == channels * width * 2
+    assert result.recurrent_state == heads * dk * dv * 4
+    kv_heads = max(1, config.num_key_value_heads // tp)
+    assert result.kv_page == 2048 * 2 * kv_heads * config.head_dim * 2
+
+
+def test_27b_config_worked_by_hand():
+    """configs/trn2/qwen3_5-27b.yaml: TP 4, 4096 tokens, 4 sequences, 16 blocks + the null block."""
+    result = sizing.resolve(str(REPO / "configs" / "trn2" / "qwen3_5-27b.yaml"), None, {})
+    assert result.kv_page == 4096 * 2 * 1 * 256 * 2 == 4 * MIB        # 4 KV heads over 4 cores
+    assert result.conv_state == (2 * 16 * 128 + 48 * 128) // 4 * 4 * 2  # 2560 channels x K=4, bf16
+    assert result.recurrent_state == 12 * 128 * 128 * 4               # 48 V heads / 4, fp32
+    assert (result.group_size, result.num_groups) == (16, 4)           # 16 attention + 48 GDN layers
+    assert result.block == 16 * 4 * MIB
+    assert result.blocks == 17 and result.sequences == 4
+    assert result.cache == 17 * 64 * MIB
+    assert result.cache_upper == 17 * 4 * 64 * MIB
+    assert result.cap == pytest.approx(0.8 * 24 * GIB)
+    assert result.headroom == pytest.approx(24 * GIB - result.weights_per_core - 17 * 256 * MIB)
+    assert result.fits
+
+
+def test_planner_fills_the_cap_without_an_override():
+    dims = sizing.published_dims("Qwen/Qwen3.5-9B")
+    result = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=4, max_model_len=8192, gpu_memory_utilization=0.9))
+    budget = 0.9 * 24 * GIB - result.weights_per_core
+    assert result.block == 8 * (8192 * 2 * 1 * 256 * 2)
+    assert result.blocks == int(budget // result.block)
+    assert result.cache <= budget < result.cache + result.block
+
+
+@pytest.mark.parametrize("path", TRN2_CONFIGS, ids=lambda p: p.name)
+def test_every_trn2_config_fits_one_chip(path):
+    settings = yaml.safe_load(path.read_text())
+    result = sizing.resolve(str(path), None, {})
+    assert result.fits, sizing.report(result)
+    assert result.sequences == settings["max-num-seqs"]
+    buckets = settings["additional-config"]["neuron_config"]["num_batched_tokens_buckets"]
+    assert buckets[-1] == settings["max-model-len"] == settings["max-num-batched-tokens"]
+    assert settings["additional-config"]["neuron_config"]["num_seqs_buckets"] == [settings["max-num-seqs"]]
+    assert settings["enable-prefix-caching"] is False
+    # One trn2 chip shows 4 NeuronCores at LNC=2.
+    assert 4 % settings["tensor-parallel-size"] == 0
+
+
+def test_cli_prints_each_figure(capsys):
+    assert sizing.main([str(REPO / "configs" / "trn2" / "qwen3_5-9b.yaml")]) == 0
+    out = capsys.readouterr().out
+    for label in ("weights per core", "KV page", "GDN conv state", "GDN recurrent", "blocks", "headroom per core"):
+        assert label in out
+    assert "4.17 GiB" in out and out.rstrip().endswith("fits")
+
+
+def test_cli_reports_a_config_that_does_not_fit(capsys):
+    code = sizing.main(["Qwen/Qwen3.5-27B", "--tensor-parallel-size", "1", "--max-model-len", "4096"])
+    assert code == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["Qwen/Qwen3.5-27B", "--tensor-parallel-size", "3"], "tensor-parallel-size must divide num_attention_heads=24"),
+        (["Qwen/Qwen3.5-9B", "--max-num-seqs", "0"], "max-num-seqs must be >= 1; got 0"),
+        (["Qwen/Qwen3.5-9B", "--gpu-memory-utilization", "1.5"], "gpu-memory-utilization must be in (0, 1]; got 1.5"),
+        (["Qwen/Qwen9"], "model must be a checkpoint folder or one of"),
+        (["missing.yaml"], "config must be an existing YAML file; got 'missing.yaml'"),
+    ],
+)
+def test_cli_refuses_bad_input_naming_it(capsys, argv, message):
+    assert sizing.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_yaml_without_model_names_the_fix(tmp_path, capsys):
+    config = tmp_path / "serve.yaml"
+    config.write_text("tensor-parallel-size: 2\n")
+    assert sizing.main([str(config)]) == 2
+    assert f"sizing CHECKPOINT --config {config}" in capsys.readouterr().err
+
+
+def test_checkpoint_with_generic_config(tiny_models):
+    result = sizing.resolve(str(tiny_models["qwen3_5-dense"]), REPO / "configs" / "serve-trn2.yaml", {"tensor_parallel_size": 2})
+    settings = yaml.safe_load((REPO / "configs" / "serve-trn2.yaml").read_text())
+    assert result.serving.tensor_parallel_size == 2
+    assert result.serving.max_model_len == settings["max-model-len"]
+    config = json.loads((tiny_models["qwen3_5-dense"] / "config.json").read_text())
+    assert result.dims.hidden_size == config["hidden_size"]
