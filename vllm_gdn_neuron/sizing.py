@@ -417,11 +417,11 @@ def size(dims: ModelDims, serving: ServingConfig) -> Sizing:
 
 
 def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"
+    return f"{value / GIB:.2f} GiB" if value >= 0.01 * GIB or value == 0 else _mib(value)
 
 
 def _mib(value: float) -> str:
-    return f"{value / MIB:.2f} MiB"
+    return f"{value / MIB:.2f} MiB" if value >= 0.01 * MIB or value == 0 else f"{value / 1024:.1f} KiB"
 
 
 def report(sizing: Sizing) -> str:
