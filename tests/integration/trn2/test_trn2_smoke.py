@@ -47,3 +47,10 @@ def test_device_op_checks_catch_a_wrong_result(monkeypatch):
     results = trn2_checks.op_cases(torch.device("cpu"), "torch")["gdn_decode[fp32]"]()
     failed = trn2_checks.failures(results)
     assert any(line.startswith("o:") for line in failed) and any(line.startswith("state rows:") for line in failed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(trn2_checks.op_cases(torch.device("cpu"), "nki")))
+def test_device_op_checks_pass_with_the_nki_interpreter_on_cpu(name):
+    """The same checks through the nki backend, which here drives the project's NKI interpreter."""
+    assert not trn2_checks.failures(trn2_checks.op_cases(torch.device("cpu"), "nki")[name]())
