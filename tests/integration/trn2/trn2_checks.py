@@ -28,6 +28,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -316,7 +317,8 @@ def served(model: pathlib.Path, config: pathlib.Path, *extra: str, timeout_s: fl
     log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--config", str(config), "--host", "127.0.0.1", "--port", str(port), *extra]
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    # Its own process group: the engine's workers stop with it.
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -333,11 +335,12 @@ def served(model: pathlib.Path, config: pathlib.Path, *extra: str, timeout_s: fl
             time.sleep(2)
         yield url
     finally:
-        server.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()
 
 
