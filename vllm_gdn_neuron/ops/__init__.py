@@ -2,10 +2,31 @@
 
 ``backend="auto"`` takes ``$VLLM_GDN_BACKEND`` when set, else ``nki`` on a Neuron device,
 else ``torch``. Backends and their contract: ``vllm_gdn_neuron.ops.backends``.
+
+The paged ops (``paged_*``) are the trace-safe engine-step path: they read and write page-major
+caches themselves from a ``DecodeStep`` / ``PrefillStep`` built once per step, whose values
+``check_step`` validates on the host once per step.
 """
 
 from .conv1d import conv1d_decode, conv1d_prefill
 from .gdn import gdn2_prefill, gdn_decode, gdn_prefill
+from .paged import paged_conv1d_decode, paged_conv1d_prefill, paged_gdn_decode, paged_gdn_prefill
+from .step import DecodeStep, PrefillStep
+from .step_checks import check_step
 from .validation import PAD_SLOT_ID
 
-__all__ = ["PAD_SLOT_ID", "conv1d_decode", "conv1d_prefill", "gdn2_prefill", "gdn_decode", "gdn_prefill"]
+__all__ = [
+    "PAD_SLOT_ID",
+    "DecodeStep",
+    "PrefillStep",
+    "check_step",
+    "conv1d_decode",
+    "conv1d_prefill",
+    "gdn2_prefill",
+    "gdn_decode",
+    "gdn_prefill",
+    "paged_conv1d_decode",
+    "paged_conv1d_prefill",
+    "paged_gdn_decode",
+    "paged_gdn_prefill",
+]

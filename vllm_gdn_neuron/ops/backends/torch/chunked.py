@@ -147,12 +147,16 @@ def _scan(state, steps, lo, u, w, decayed_q, keys, chunk_decay, out):
         s.baddbmm_(keys[chunks].view(flat, size, dim_k).transpose(1, 2), written)
 
 
-def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, chunk_size, block_chunks):
-    """Shared driver: pack into chunks, build per-chunk tensors per block, scan, unpack."""
+def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, chunk_size, block_chunks,
+             layout=None):
+    """Shared driver: pack into chunks, build per-chunk tensors per block, scan, unpack.
+
+    ``layout``: a prebuilt ``ChunkLayout`` of ``chunk_size`` (then ``cu_seqlens`` is not read).
+    """
     num_v_heads, dim_v, dim_k = v.shape[1], v.shape[2], q.shape[2]
     group = num_v_heads // q.shape[1]
-    layout = ChunkLayout(cu_seqlens, chunk_size, q.device)
-    num_seqs = cu_seqlens.numel() - 1
+    layout = ChunkLayout(cu_seqlens, chunk_size, q.device) if layout is None else layout
+    num_seqs = layout.order.shape[0]
     if initial_state is None:
         state = v.new_zeros(num_seqs, num_v_heads, dim_k, dim_v, dtype=torch.float32)
     else:
@@ -173,10 +177,11 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
     return out[:-1], final_state
 
 
-def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
+def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, layout=None):
+    """Backend contract: see ``vllm_gdn_neuron.ops.backends``; ``layout`` as in ``_chunked``
+    (a ``ChunkLayout`` of ``GDN_CHUNK_SIZE``, for the trace-safe paged ops)."""
     return _chunked(q, k, v, (g, beta), cu_seqlens, initial_state, scale, use_qk_l2norm, _scalar_intra,
-                    GDN_CHUNK_SIZE, GDN_BLOCK_CHUNKS)
+                    GDN_CHUNK_SIZE, GDN_BLOCK_CHUNKS, layout)
 
 
 def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm):

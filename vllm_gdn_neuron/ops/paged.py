@@ -1,0 +1,207 @@
+"""Trace-safe GDN ops on page-major caches: conv1d and the gated delta rule, decode and prefill.
+
+Each op reads its state rows with ``index_select``, computes from static shapes only (no host
+read, no data-dependent shape, no loop over tensor values) and writes whole rows back with
+``index_copy_``: the same code runs eagerly (vLLM's runner) and inside
+``torch.compile(fullgraph=True, dynamic=False)`` (vllm-neuron's runner). Per call the ops check
+shapes and dtypes only (Python on static shapes, nothing read from the device); the values of
+the step metadata are checked once per step by ``check_step``, and ``g <= 0`` holds by
+construction of the layer's gating (``-exp(A_log) * softplus(.)``).
+
+Caches (page-major, one page per sequence; see ``vllm_gdn_neuron.ops.step`` for the metadata):
+
+- ``conv_cache [P, C, K]`` float32 or the activation dtype: the last K raw inputs, oldest first.
+- ``ssm_cache [P, Hv, Dk, Dv]`` float32 or bfloat16 (math in float32), K-major.
+
+Padding rows and sequences sit on the caller's pad page, whose content is unspecified: their
+outputs are zeros, they touch no other page, and nothing they read reaches a live output (NaNs
+included). A sequence without ``has_state`` starts from zeros whatever its page holds
+(``torch.where``, so stale NaNs on a recycled page do not leak in).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .backends.torch import chunked, recurrent
+from .backends.torch.common import prepare_qk
+from .step import DecodeStep, PrefillStep
+from .validation import ACTIVATION_DTYPES, check_choice, check_heads, check_tensor, resolve_scale
+
+ACTIVATIONS = ("silu", None)
+F32 = (torch.float32,)
+SSM_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _check_step(step, kind):
+    if not isinstance(step, kind):
+        raise ValueError(f"step: expected a {kind.__name__}, got {type(step).__name__}")
+
+
+def _check_conv(x, weight, conv_cache, rows_label, rows, activation):
+    _, channels = check_tensor("x", x, ((rows_label, rows), ("C", None)), ACTIVATION_DTYPES)
+    _, width = check_tensor("weight", weight, (("C", channels), ("K", None)), ACTIVATION_DTYPES)
+    cache_dtypes = F32 if x.dtype == torch.float32 else (torch.float32, x.dtype)
+    check_tensor("conv_cache", conv_cache, (("P", None), ("C", channels), ("K", width)), cache_dtypes)
+    check_choice("activation", activation, ACTIVATIONS)
+    return channels, width
+
+
+def _check_gdn(q, k, v, g, beta, ssm_cache, rows_label, rows):
+    _, num_k_heads, dim_k = check_tensor("q", q, ((rows_label, rows), ("Hk", None), ("Dk", None)), ACTIVATION_DTYPES)
+    check_tensor("k", k, ((rows_label, rows), ("Hk", num_k_heads), ("Dk", dim_k)), (q.dtype,))
+    _, num_v_heads, dim_v = check_tensor("v", v, ((rows_label, rows), ("Hv", None), ("Dv", None)), (q.dtype,))
+    check_heads(num_k_heads, num_v_heads)
+    check_tensor("g", g, ((rows_label, rows), ("Hv", num_v_heads)), F32)
+    check_tensor("beta", beta, ((rows_label, rows), ("Hv", num_v_heads)), F32)
+    check_tensor("ssm_cache", ssm_cache, (("P", None), ("Hv", num_v_heads), ("Dk", dim_k), ("Dv", dim_v)),
+                 SSM_CACHE_DTYPES)
+    return dim_k
+
+
+def _activate(y, activation):
+    return F.silu(y) if activation == "silu" else y
+
+
+def _initial_rows(cache, step):
+    """The float32 initial states of the step's sequences: their pages, or zeros without has_state."""
+    rows = cache.index_select(0, step.pages).float()
+    keep = step.has_state.view((-1,) + (1,) * (rows.dim() - 1))
+    return torch.where(keep, rows, 0.0)
+
+
+def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
+    """One conv1d step per decode row; each row's page becomes its window.
+
+    Dimensions:
+        N: decode rows (bucket-padded), C: channels, K: kernel width, P: cache pages.
+
+    Args:
+        x: ``[N, C]`` float32 or bfloat16.
+        weight: ``[C, K]`` float32 or bfloat16.
+        conv_cache: ``[P, C, K]`` float32 or x's dtype; pages ``step.pages`` are rewritten.
+        step: the step's ``DecodeStep``.
+        activation: ``"silu"`` or None.
+
+    Returns:
+        ``y``: ``[N, C]`` in x's dtype; padding rows zero.
+    """
+    _check_step(step, DecodeStep)
+    _check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
+    rows = conv_cache.index_select(0, step.pages)
+    window = torch.cat([rows[..., 1:].float(), x.float()[..., None]], -1)
+    y = _activate((window * weight.float()).sum(-1), activation)
+    real = step.is_real[:, None]
+    conv_cache.index_copy_(0, step.pages, torch.where(real[..., None], window.to(rows.dtype), rows))
+    return torch.where(real, y, 0.0).to(x.dtype)
+
+
+def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
+    """Causal conv1d over the step's packed prompts, from (and back to) their pages.
+
+    Every sequence is laid out behind its K-column incoming state in one channel-major row
+    ``[state_0 | x_0 | state_1 | x_1 | ... | zeros | padding tokens]`` and one depthwise conv runs
+    over it: each output reads at most K - 1 columns back, never past its own state; each final
+    state is the K columns ending at the sequence's last token (its incoming state for an empty
+    sequence).
+
+    Args:
+        x: ``[T, C]`` float32 or bfloat16, T = ``step.num_tokens``.
+        weight: ``[C, K]`` float32 or bfloat16.
+        conv_cache: ``[P, C, K]`` float32 or x's dtype; pages ``step.pages`` get the final states.
+        step: the step's ``PrefillStep``.
+        activation: ``"silu"`` or None.
+
+    Returns:
+        ``y``: ``[T, C]`` in x's dtype; padding tokens zero.
+    """
+    _check_step(step, PrefillStep)
+    channels, width = _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
+    num_tokens, num_seqs, device = step.num_tokens, step.num_seqs, x.device
+    bounds = step.query_start_loc
+    taps = torch.arange(width, device=device)
+    seqs = torch.arange(num_seqs, device=device)
+    token_pos = torch.arange(num_tokens, device=device) + (step.token_seq + 1) * width
+    state_pos = (bounds[:-1] + seqs * width)[:, None] + taps
+    extended = x.new_zeros(channels, num_tokens + (num_seqs + 1) * width, dtype=torch.float32)
+    extended.index_copy_(1, token_pos, x.float().T)
+    initial = _initial_rows(conv_cache, step)
+    extended.index_copy_(1, state_pos.reshape(-1), initial.permute(1, 0, 2).reshape(channels, -1))
+    conv = F.conv1d(extended[None], weight.float()[:, None, :], groups=channels)[0]
+    y = _activate(conv.index_select(1, token_pos - width + 1), activation).T
+    final_pos = (bounds[1:] + seqs * width)[:, None] + taps
+    final = extended.index_select(1, final_pos.reshape(-1)).view(channels, num_seqs, width).permute(1, 0, 2)
+    conv_cache.index_copy_(0, step.pages, final.to(conv_cache.dtype))
+    return torch.where(step.is_real_token[:, None], y, 0.0).to(x.dtype)
+
+
+def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """One gated delta rule step per decode row, from and back to its page.
+
+    Per value head: ``S <- exp(g) S``; ``v_new = beta (v - S^T k)``; ``S <- S + k v_new^T``;
+    ``o = S^T q`` (q scaled), with both reads of the undecayed state in one matmul
+    ``[k; q]^T S``. Traced (or with a bfloat16 cache) the rows are gathered, stepped and written
+    back whole; run eagerly on a float32 cache, the torch backend updates them in place (same
+    math, a third of the state traffic; it loops over rows on the host, eager only).
+
+    Args:
+        q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
+        v: ``[N, Hv, Dv]``, q's dtype; ``Hv % Hk == 0``.
+        g, beta: ``[N, Hv]`` float32 (g <= 0).
+        ssm_cache: ``[P, Hv, Dk, Dv]`` float32 or bfloat16; pages ``step.pages`` advance one token.
+        step: the step's ``DecodeStep``.
+        scale: output scale, None for ``Dk ** -0.5``.
+        use_qk_l2norm: L2-normalise q and k per head (float32) first.
+
+    Returns:
+        ``o``: ``[N, Hv, Dv]`` in q's dtype; padding rows zero.
+    """
+    _check_step(step, DecodeStep)
+    dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
+    scale = resolve_scale(scale, dim_k)
+    real = step.is_real[:, None, None]
+    if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
+        # Eager: the torch backend's step updates the pages where they are (a gathered copy
+        # would triple the state traffic of a bandwidth-bound step). Padding rows run on zero
+        # inputs (q = k = v = 0, g = beta = 0), which leave their page unchanged.
+        inputs = [torch.where(real, x, 0) for x in (q, k, v)]
+        inputs += [torch.where(step.is_real[:, None], x, 0.0) for x in (g, beta)]
+        o = recurrent.gdn_decode(*inputs, ssm_cache, step.pages, scale, bool(use_qk_l2norm))
+        return torch.where(real, o, 0)
+    group = v.shape[1] // q.shape[1]
+    rows = ssm_cache.index_select(0, step.pages)
+    state = rows.float()
+    q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
+    k_q = torch.stack([k, q], dim=2).repeat_interleave(group, dim=1)         # [N, Hv, 2, Dk]
+    reads = k_q @ state                                                       # [N, Hv, 2, Dv]
+    decay = g.exp()[..., None]                                                # [N, Hv, 1]
+    v_new = beta[..., None] * (v.float() - decay * reads[:, :, 0])
+    o = decay * reads[:, :, 1] + (k_q[:, :, 0] * k_q[:, :, 1]).sum(-1, keepdim=True) * v_new
+    new = state * decay[..., None] + k_q[:, :, 0, :, None] * v_new[:, :, None, :]
+    ssm_cache.index_copy_(0, step.pages, torch.where(real[..., None], new.to(rows.dtype), rows))
+    return torch.where(real, o, 0.0).to(v.dtype)
+
+
+def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """Chunked gated delta rule over the step's packed prompts, from and back to their pages.
+
+    Runs the torch backend's chunked scan on ``step.chunks`` (a layout planned per bucket, or
+    exactly from the host values with ``PrefillStep.build(exact_plan=True)``).
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` float32 or bfloat16, T = ``step.num_tokens``.
+        v: ``[T, Hv, Dv]``, q's dtype.
+        g, beta: ``[T, Hv]`` float32 (g <= 0).
+        ssm_cache: ``[P, Hv, Dk, Dv]`` float32 or bfloat16; pages ``step.pages`` get the final states.
+        step: the step's ``PrefillStep``.
+        scale, use_qk_l2norm: as in ``paged_gdn_decode``.
+
+    Returns:
+        ``o``: ``[T, Hv, Dv]`` in q's dtype; padding tokens zero.
+    """
+    _check_step(step, PrefillStep)
+    dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
+    scale = resolve_scale(scale, dim_k)
+    o, final = chunked.gdn_prefill(q, k, v, g, beta, None, _initial_rows(ssm_cache, step), scale,
+                                   bool(use_qk_l2norm), layout=step.chunks)
+    ssm_cache.index_copy_(0, step.pages, final.to(ssm_cache.dtype))
+    return torch.where(step.is_real_token[:, None, None], o, 0.0)

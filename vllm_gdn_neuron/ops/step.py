@@ -1,0 +1,94 @@
+"""Per-engine-step metadata of the paged GDN ops, built once and shared by every GDN layer.
+
+The builders use static-shape tensor arithmetic only (no host read unless asked for with
+``exact_plan=True``), so the same code runs eagerly and inside ``torch.compile(fullgraph=True)``:
+shapes depend on the bucket (rows N, tokens T, sequences S), values on the batch composition.
+
+Padding: decode rows and prefill sequences that carry no request are routed to the caller's
+reserved pad page; prefill tokens at or after ``query_start_loc[S]`` belong to no sequence. The
+ops give padding rows and tokens zero outputs and never touch a live page on their behalf.
+Values are validated on the host, once per step, by ``vllm_gdn_neuron.ops.check_step``.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from .backends.torch.chunk_layout import ChunkLayout, ChunkPlan
+from .backends.torch.chunked import GDN_CHUNK_SIZE
+
+
+@dataclass
+class DecodeStep:
+    """Decode rows of one step: one token per row.
+
+    Attributes:
+        pages: ``[N]`` int64 cache page of each row (padding rows: the pad page).
+        is_real: ``[N]`` bool, the rows that carry a request.
+    """
+
+    pages: torch.Tensor
+    is_real: torch.Tensor
+
+    @classmethod
+    def build(cls, pages, pad_page=None):
+        """Args:
+            pages: ``[N]`` int32 or int64 cache page of each row.
+            pad_page: the reserved page of padding rows, or None when no row is padding.
+        """
+        pages = pages.to(torch.int64)
+        is_real = torch.ones_like(pages, dtype=torch.bool) if pad_page is None else pages != pad_page
+        return cls(pages, is_real)
+
+    @property
+    def num_rows(self):
+        return self.pages.shape[0]
+
+
+@dataclass
+class PrefillStep:
+    """Prefill sequences of one step, packed end to end in a (bucket-padded) token range.
+
+    Attributes:
+        query_start_loc: ``[S + 1]`` int64 boundaries; tokens from ``query_start_loc[S]`` on are
+            padding; padding sequences have length 0.
+        pages: ``[S]`` int64 cache page of each sequence (padding sequences: the pad page).
+        has_state: ``[S]`` bool, start from the page's state (else from zeros).
+        num_tokens: T, the token count of the ops' inputs.
+        token_seq: ``[T]`` int64 sequence of each token, S for padding tokens.
+        is_real_token: ``[T]`` bool, the tokens of a sequence.
+        chunks: the ``ChunkLayout`` of the GDN chunked scan.
+    """
+
+    query_start_loc: torch.Tensor
+    pages: torch.Tensor
+    has_state: torch.Tensor
+    num_tokens: int
+    token_seq: torch.Tensor
+    is_real_token: torch.Tensor
+    chunks: ChunkLayout
+
+    @classmethod
+    def build(cls, query_start_loc, pages, has_state, num_tokens, *, exact_plan=False):
+        """Args:
+            query_start_loc: ``[S + 1]`` int32 or int64, from 0, non-decreasing, last <= T.
+            pages: ``[S]`` int32 or int64.
+            has_state: ``[S]`` bool.
+            num_tokens: T (a Python int: the bucket's prefill token count).
+            exact_plan: plan the chunk scan from the host values of ``query_start_loc`` (tight;
+                eager callers only) instead of from the bucket (T, S) (trace-safe).
+        """
+        bounds = query_start_loc.to(torch.int64)
+        device = bounds.device
+        tokens = torch.arange(num_tokens, dtype=torch.int64, device=device)
+        token_seq = torch.searchsorted(bounds[1:], tokens, right=True)
+        if exact_plan:
+            plan = ChunkPlan.exact(bounds.cpu(), GDN_CHUNK_SIZE, num_tokens)
+        else:
+            plan = ChunkPlan.bucket(num_tokens, pages.shape[0], GDN_CHUNK_SIZE)
+        return cls(bounds, pages.to(torch.int64), has_state.to(torch.bool), num_tokens, token_seq,
+                   tokens < bounds[-1], ChunkLayout(bounds, GDN_CHUNK_SIZE, device, plan))
+
+    @property
+    def num_seqs(self):
+        return self.pages.shape[0]
