@@ -3,10 +3,10 @@ Schur-complement inverse and the sequential state step.
 
 ``T = (I + A)^-1`` for a strictly lower triangular ``A = diag(beta) E`` of one chunk, block
 size doubling 1, 2, 4, ...: ``T <- T - T (A * M_j) T`` at level ``j`` with the level mask
-``M_j`` of the mask pack. See gdn-math.md sections 3-4 and ``kernels/docs/gdn_cte.md``.
+``M_j`` of the mask pack. See ``docs/gdn-math.md`` sections 3-4 and ``docs/kernels/gdn_cte.md``.
 """
 
-import numpy as np
+import math
 
 from . import tiles as tl
 from .mask_pack import IDENTITY, N_MASKS, NUM_LEVELS
@@ -15,7 +15,7 @@ from .nki_compat import nisa, nl
 PSUM_BANK_FP32 = 512  # fp32 elements per partition in one PSUM bank
 
 
-class Masks:
+class Masks(nl.NKIObject):
     """The mask pack on chip (``[chunk, planes, chunk]`` fp32 SBUF tiles, one DMA each).
 
     The planes a chunk's preparation reads (triangles, identity, blocks) are loaded at once;
@@ -84,13 +84,15 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
     ``T^T`` / ``Y``. Storing them narrow rounds each entry once only: a level writes new
     blocks, disjoint from the ones it reads, so nothing accumulates across levels.
     """
-    last = int(np.log2(chunk)) - 1
+    last = int(math.log2(chunk)) - 1
     levels = last + 1 - first_level
     group = len(chunks)
     per_bank = PSUM_BANK_FP32 // (chunk // 2)
-    t_all, t_t_all = tl.sbuf((chunk, group, chunk), dtype), tl.sbuf((chunk, group, chunk), dtype)
+    t_all = tl.sbuf((chunk, group, chunk), dtype)
+    t_t_all = tl.sbuf((chunk, group, chunk), dtype)
     eye = masks.plane(IDENTITY)
-    for i, ch in enumerate(chunks):
+    for i in range(group):
+        ch = chunks[i]
         # every level's blocks of E in one instruction: E^T broadcast over the level axis
         e_levels = ch.e_t.ap(pattern=[[chunk, chunk], [0, levels], [1, chunk]])
         ch.e_t = tl.binary(e_levels, masks.levels(first_level, last + 1), nl.multiply, dtype=dtype)
@@ -101,9 +103,10 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
         block = 2**level
         y_all = tl.sbuf((chunk, group, chunk), dtype)
         nisa.memset(dst=_half(y_all, 0, group, block, odd=True), value=0.0, engine=nisa.engine.gpsimd)
-        for i, ch in enumerate(chunks):  # every chunk's Y first: TensorE never waits on one evacuation
-            products = tl.matmul(ch.e_t[:, level - first_level, :], _half(t_all, i, 1, block, odd=False))
-            nisa.activation(dst=_half(y_all, i, 1, block, odd=False), op=nl.copy, data=products, scale=ch.beta)
+        for i in range(group):  # every chunk's Y first: TensorE never waits on one evacuation
+            products = tl.matmul(chunks[i].e_t[:, level - first_level, :], _half(t_all, i, 1, block, odd=False))
+            nisa.activation(dst=_half(y_all, i, 1, block, odd=False), op=nl.copy, data=products,
+                            scale=chunks[i].beta)
         for first in range(0, group, per_bank):
             count = min(per_bank, group - first)
             if level < last:
@@ -117,8 +120,11 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
                 nisa.nc_matmul(z_t[:, j, :], y_all[:, first + j, :], _half(t_t_all, first + j, 1, block, odd=True))
             t_t_odd = _half(t_t_all, first, count, block, odd=True)
             nisa.tensor_tensor(dst=t_t_odd, data1=t_t_odd, data2=z_t, op=nl.subtract)
-    for i, ch in enumerate(chunks):
-        ch.t, ch.e_t, ch.t_t = None, None, t_t_all[:, i, :]
+    for i in range(group):
+        ch = chunks[i]
+        ch.t = None
+        ch.e_t = None
+        ch.t_t = t_t_all[:, i, :]
 
 
 def advance(ch, state, scale, cdt, out_dtype):

@@ -1,6 +1,6 @@
 """Causal depthwise conv1d (+ SiLU) of the GDN layer, prefill and decode, as NKI kernels.
 
-Math: ``/work/shared/docs/gdn-math.md`` section 5; design: ``kernels/docs/conv1d.md``; torch
+Math: ``docs/gdn-math.md`` section 5; design: ``docs/kernels/conv1d.md``; torch
 mirror: ``conv1d_torch.py``.
 
 Channels sit on the partition axis in 128-wide tiles, time on the free axis. Prefill works
@@ -16,8 +16,12 @@ Decode packs ``m`` consecutive channels per partition (``decode_packing``) so th
 runs on GpSimd, the ``K``-tap dot product on VectorE, the activation on ScalarE.
 """
 
+import numpy as np
+import torch
+
 from . import tiles as tl
-from .checks import FLOAT_DTYPES, check_choice, check_dtype, check_rank, check_shape
+from .checks import FLOAT_DTYPES, check_choice, check_dtype, check_rank, check_shape, check_slots
+from .nki_call import NkiOp, index_tensor
 from .nki_compat import nki, nisa, nl
 
 PARTITIONS = 128
@@ -38,33 +42,56 @@ def _activate(acc, activation, dtype):
 
 
 @nki.jit
-def conv1d_prefill_kernel(mixed, conv_weight, conv_state=None, activation="silu"):
-    """The NKI kernel behind :func:`gdn_conv1d_prefill` (arguments already checked)."""
+def conv1d_prefill_kernel(mixed, conv_weight, conv_cache, slots, seq_lens, activation="silu", initial_state=True):
+    """The NKI kernel behind :func:`gdn_conv1d_prefill` (arguments already checked).
+
+    Sequence ``b`` (``mixed[b]``, its first ``seq_lens[b]`` tokens real, the rest padding)
+    continues the conv state in row ``slots[b]`` of ``conv_cache`` (``[pages, C, K]``; zeros
+    instead when ``initial_state`` is False) and leaves its last ``K`` raw inputs there.
+    ``slots`` and ``seq_lens`` are ``[1, B]`` int32 tensors: the state row and the window's
+    position are register addresses, so one compiled kernel serves every batch composition.
+
+    Returns:
+        ``(out [B, C, T] in mixed's dtype, conv_cache)`` (the cache updated in place).
+    """
     b_size, channels, t_len = mixed.shape
     width = conv_weight.shape[1]
     halo = width - 1
     out = nl.ndarray((b_size, channels, t_len), dtype=mixed.dtype, buffer=nl.shared_hbm)
-    new_state = nl.ndarray((b_size, channels, width), dtype=nl.float32, buffer=nl.shared_hbm)
     # raw inputs stay in their own dtype on chip (half the DMA bytes for bf16); an incoming
     # state of a wider dtype widens the tile so the state passes through exactly
-    x_dtype = mixed.dtype if conv_state is None or conv_state.dtype == mixed.dtype else nl.float32
+    x_dtype = mixed.dtype if not initial_state or conv_cache.dtype == mixed.dtype else nl.float32
+    slot_tile = tl.load(slots)
+    lens = tl.load(seq_lens)
     for c0 in range(0, channels, PARTITIONS):
-        rows = nl.ds(c0, min(PARTITIONS, channels - c0))
+        size = min(PARTITIONS, channels - c0)
+        rows = nl.ds(c0, size)
         weight = tl.load(conv_weight[rows, :], nl.float32)
-        for b in range(b_size):
+        for b in nl.affine_range(b_size):
+            slot = nisa.register_alloc(0)
+            nisa.register_load(slot, slot_tile[0:1, b:b + 1])
             for t0 in range(0, t_len, TIME_TILE):
                 length = min(TIME_TILE, t_len - t0)
-                x_ext = tl.sbuf((rows.size, halo + length), x_dtype)
+                x_ext = tl.sbuf((size, halo + length), x_dtype)
                 if halo and t0 > 0:
                     nisa.dma_copy(dst=x_ext[:, 0:halo], src=mixed[b, rows, t0 - halo:t0])
-                elif halo and conv_state is not None:
-                    nisa.dma_copy(dst=x_ext[:, 0:halo], src=conv_state[b, rows, 1:width])
+                elif halo and initial_state:
+                    nisa.dma_copy(dst=x_ext[:, 0:halo], src=conv_cache[slot, rows, 1:width])
                 elif halo:
                     nisa.memset(dst=x_ext[:, 0:halo], value=0.0, engine=nisa.engine.gpsimd)
                 nisa.dma_copy(dst=x_ext[:, halo:halo + length], src=mixed[b, rows, t0:t0 + length])
                 tl.store(out[b, rows, t0:t0 + length], _activate(_taps(x_ext, weight, length), activation, mixed.dtype))
-            tl.store(new_state[b, rows, :], x_ext[:, length - 1:length - 1 + width])
-    return out, new_state
+                # the new state is x_ext[:, len - 1 - t0 :][:K] in the one time tile that holds it;
+                # from every other tile the register address is out of bounds and the DMA skipped
+                start = tl.scalar(lens[0:1, b:b + 1], nl.add, float(-1 - t0), dtype=nl.int32)
+                window = nisa.register_alloc(0)
+                nisa.register_load(window, start)
+                nisa.dma_copy(dst=conv_cache[slot, rows, :], src=x_ext[:, nl.ds(window, width)],
+                              oob_mode=nisa.oob_mode.skip)
+    return out, conv_cache
+
+
+CONV1D_PREFILL = NkiOp("conv1d_prefill", conv1d_prefill_kernel, mutates_args=("conv_cache",))
 
 
 def decode_packing(channels):
@@ -73,32 +100,46 @@ def decode_packing(channels):
     Packing channels makes each partition's slice of a ``[C, K]`` conv state one contiguous run
     of ``m * K`` elements, instead of a ``K``-element (e.g. 16-byte) DMA descriptor per channel.
     """
-    m = -(-channels // PARTITIONS)
-    while channels % m:
-        m += 1
-    return channels // m, m
+    per = channels
+    for m in range(-(-channels // PARTITIONS), channels + 1):  # the smallest m dividing C
+        if channels % m == 0:
+            per = m
+            break
+    return channels // per, per
 
 
 @nki.jit
-def conv1d_decode_kernel(x, conv_state, conv_weight, activation="silu"):
-    """The NKI kernel behind :func:`gdn_conv1d_decode` (arguments already checked)."""
+def conv1d_decode_kernel(x, conv_cache, conv_weight, slots, activation="silu"):
+    """The NKI kernel behind :func:`gdn_conv1d_decode` (arguments already checked).
+
+    Sequence ``b``'s state is row ``slots[b]`` of ``conv_cache`` (``[pages, C, K]``), shifted by
+    one token in place; ``slots`` is a ``[1, B]`` int32 tensor read into a register.
+
+    Returns:
+        ``(out [B, C, 1] in x's dtype, conv_cache)`` (the cache updated in place).
+    """
     b_size, channels, _ = x.shape
     width = conv_weight.shape[1]
     parts, per = decode_packing(channels)
     out = nl.ndarray((b_size, channels, 1), dtype=x.dtype, buffer=nl.shared_hbm)
-    new_state = nl.ndarray((b_size, channels, width), dtype=conv_state.dtype, buffer=nl.shared_hbm)
     weight = tl.load(conv_weight.reshape((parts, per * width)), nl.float32).reshape((parts, per, width))
-    for b in range(b_size):
-        state = tl.load(conv_state[b].reshape((parts, per * width))).reshape((parts, per, width))
-        window = tl.sbuf((parts, per, width), conv_state.dtype)
+    slot_tile = tl.load(slots)
+    for b in nl.affine_range(b_size):
+        slot = nisa.register_alloc(0)
+        nisa.register_load(slot, slot_tile[0:1, b:b + 1])
+        state = tl.load(conv_cache[slot].reshape((parts, per * width))).reshape((parts, per, width))
+        window = tl.sbuf((parts, per, width), conv_cache.dtype)
         if width > 1:
             nisa.tensor_copy(dst=window[:, :, 0:width - 1], src=state[:, :, 1:width], engine=nisa.engine.gpsimd)
         newest = tl.load(x[b].reshape((parts, per, 1)))  # contiguous on both sides: one run per partition
         nisa.tensor_copy(dst=window[:, :, width - 1:width], src=newest, engine=nisa.engine.gpsimd)
         acc = tl.reduce(tl.binary(window, weight, nl.multiply), nl.add, axis=2)
         tl.store(out[b].reshape((parts, per, 1)), _activate(acc, activation, x.dtype))
-        tl.store(new_state[b].reshape((parts, per * width)), window.reshape((parts, per * width)))
-    return out, new_state
+        tl.store(conv_cache[slot].reshape((parts, per * width)), window.reshape((parts, per * width)))
+    return out, conv_cache
+
+
+CONV1D_DECODE = NkiOp("conv1d_decode", conv1d_decode_kernel, mutates_args=("conv_cache",))
 
 
 def _check_weight(conv_weight, channels):
@@ -109,7 +150,20 @@ def _check_weight(conv_weight, channels):
                          f"got shape {tuple(conv_weight.shape)}")
 
 
-def gdn_conv1d_prefill(mixed, conv_weight, conv_state=None, activation="silu"):
+def _copy_of(state, dtype_like=None):
+    """A contiguous copy of ``state`` (a torch tensor or a NumPy array), fp32 when ``dtype_like`` says so."""
+    if isinstance(state, torch.Tensor):
+        return state.to(torch.float32 if dtype_like == "float32" else state.dtype, copy=True).contiguous()
+    return np.array(state, dtype=np.float32 if dtype_like == "float32" else state.dtype)
+
+
+def _zeros(shape, like):
+    if isinstance(like, torch.Tensor):
+        return torch.zeros(shape, dtype=torch.float32, device=like.device)
+    return np.zeros(shape, np.float32)
+
+
+def gdn_conv1d_prefill(mixed, conv_weight, conv_state=None, activation="silu", state_slots=None, seq_lens=None):
     """Causal depthwise conv1d + activation over whole sequences, optionally continuing one.
 
     Dimensions:
@@ -119,12 +173,17 @@ def gdn_conv1d_prefill(mixed, conv_weight, conv_state=None, activation="silu"):
         mixed: ``[B, C, T]`` raw inputs (fp32, bf16 or fp16).
         conv_weight: ``[C, K]``.
         conv_state: ``[B, C, K]`` incoming conv state (the K raw inputs before ``mixed``,
-            oldest first), or None for a new sequence (zeros, no load).
+            oldest first), or None for a new sequence (zeros, no load). With ``state_slots``:
+            the conv cache ``[pages, C, K]``, updated in place.
         activation: "silu" or None.
+        state_slots: ``[B]`` int tensor of cache rows (the engine layout), or None.
+        seq_lens: ``[B]`` int tensor of real tokens per sequence (1..T; the rest is padding whose
+            outputs are garbage-free but meaningless), or None for T each.
 
     Returns:
-        ``(out [B, C, T] in mixed's dtype, conv_state [B, C, K] fp32)``: the new state holds the
-        last K raw inputs (incoming state columns in front when T < K).
+        ``(out [B, C, T] in mixed's dtype, state)``: without ``state_slots`` a fresh ``[B, C, K]``
+        fp32 state, holding the last K raw inputs (incoming state columns in front when T < K);
+        with it, ``conv_state`` itself, its rows ``state_slots`` updated.
     """
     check_rank("mixed", mixed, 3, "[B, C, T]")
     check_dtype("mixed", mixed, FLOAT_DTYPES)
@@ -133,23 +192,44 @@ def gdn_conv1d_prefill(mixed, conv_weight, conv_state=None, activation="silu"):
         raise ValueError(f"mixed must hold T >= 1 tokens, got shape {tuple(mixed.shape)}")
     _check_weight(conv_weight, channels)
     check_choice("activation", activation, ACTIVATIONS)
+    width = conv_weight.shape[1]
+    if state_slots is not None:
+        if conv_state is None:
+            raise ValueError("state_slots needs conv_state (the conv cache [pages, C, K] the slots index)")
+        check_shape("conv_state", conv_state, (conv_state.shape[0], channels, width), "[pages, C, K]")
+        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+                    conv_state.shape[0], b_size)
+    elif conv_state is not None:
+        check_shape("conv_state", conv_state, (b_size, channels, width), "[B, C, K]")
     if conv_state is not None:
-        check_shape("conv_state", conv_state, (b_size, channels, conv_weight.shape[1]), "[B, C, K]")
         check_dtype("conv_state", conv_state, FLOAT_DTYPES)
-    return conv1d_prefill_kernel(mixed, conv_weight, conv_state, activation=activation)
+    lengths = [t_len] * b_size if seq_lens is None else seq_lens
+    values = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)
+    if len(values) != b_size or any(not 1 <= int(n) <= t_len for n in values):
+        raise ValueError(f"seq_lens must hold B = {b_size} lengths in [1, {t_len}], got {values}")
+    if state_slots is None:
+        cache = _zeros((b_size, channels, width), mixed) if conv_state is None else _copy_of(conv_state, "float32")
+    else:
+        cache = conv_state
+    return CONV1D_PREFILL(mixed, conv_weight, cache, index_tensor(range(b_size) if state_slots is None else state_slots,
+                                                                   mixed),
+                          index_tensor(lengths, mixed), activation=activation, initial_state=conv_state is not None)
 
 
-def gdn_conv1d_decode(x, conv_state, conv_weight, activation="silu"):
+def gdn_conv1d_decode(x, conv_state, conv_weight, activation="silu", state_slots=None):
     """One decode token of the causal conv: window = state shifted left by one with x appended.
 
     Args:
         x: ``[B, C, 1]``.
-        conv_state: ``[B, C, K]`` the last K raw inputs.
+        conv_state: ``[B, C, K]`` the last K raw inputs; with ``state_slots``, the conv cache
+            ``[pages, C, K]``, updated in place.
         conv_weight: ``[C, K]``.
         activation: "silu" or None.
+        state_slots: ``[B]`` int tensor of cache rows (the engine layout), or None.
 
     Returns:
-        ``(out [B, C, 1] in x's dtype, new_state [B, C, K] in conv_state's dtype)``.
+        ``(out [B, C, 1] in x's dtype, new_state)``: a fresh ``[B, C, K]`` in conv_state's dtype,
+        or ``conv_state`` itself (rows ``state_slots`` updated) with ``state_slots``.
     """
     check_rank("x", x, 3, "[B, C, 1]")
     check_dtype("x", x, FLOAT_DTYPES)
@@ -158,6 +238,14 @@ def gdn_conv1d_decode(x, conv_state, conv_weight, activation="silu"):
         raise ValueError(f"x must hold one token per sequence ([B, C, 1]), got shape {tuple(x.shape)}")
     _check_weight(conv_weight, channels)
     check_choice("activation", activation, ACTIVATIONS)
-    check_shape("conv_state", conv_state, (b_size, channels, conv_weight.shape[1]), "[B, C, K]")
+    width = conv_weight.shape[1]
+    if state_slots is None:
+        check_shape("conv_state", conv_state, (b_size, channels, width), "[B, C, K]")
+    else:
+        check_shape("conv_state", conv_state, (conv_state.shape[0], channels, width), "[pages, C, K]")
+        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+                    conv_state.shape[0], b_size)
     check_dtype("conv_state", conv_state, FLOAT_DTYPES)
-    return conv1d_decode_kernel(x, conv_state, conv_weight, activation=activation)
+    cache = _copy_of(conv_state) if state_slots is None else conv_state
+    return CONV1D_DECODE(x, cache, conv_weight, index_tensor(range(b_size) if state_slots is None else state_slots, x),
+                         activation=activation)

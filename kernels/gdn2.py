@@ -1,7 +1,7 @@
 """GDN-2 (channel-wise g / beta per key channel, w per value channel): a chunked NKI kernel
 over packed varlen sequences.
 
-Math: ``/work/shared/docs/gdn-math.md`` section 2; design: ``kernels/docs/gdn2.md``; torch
+Math: ``docs/gdn-math.md`` section 2; design: ``docs/kernels/gdn2.md``; torch
 mirror: ``gdn2_torch.py``. Per sequence, value head and chunk of ``C = 64`` tokens (the last
 chunk of a sequence is zero-filled: k = v = w = 0, g = 0, beta = 0 is exact), with
 ``G = cumsum(g)`` per channel (``[C, Dk]``)::
@@ -26,17 +26,16 @@ from .checks import check_dtype, check_shape, check_token_major_qkv
 from .chunked import Masks, advance, schur_levels
 from .gdn_cte import MAX_HEAD_DIM, default_mask_pack
 from .mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER
+from .nki_call import NkiOp
 from .nki_compat import nki, nisa, nl
 
 GDN2_CHUNK = 64
 SOURCE_BATCH = 8  # source tokens per exponent matmul: 8 x 64 = 512 columns, one PSUM bank
 
 
-class _Chunk:
-    """Tiles of one GDN-2 chunk read by the inverse (``schur_levels``) and the state step (``advance``)."""
-
-    __slots__ = ("start", "length", "e_t", "beta", "t", "t_t", "p_t", "wv", "kg", "q_g_t", "k_decay",
-                 "state_decay", "u", "w_t")
+class _Chunk(nl.NKIObject):
+    """Tiles of one GDN-2 chunk read by the inverse (``schur_levels``) and the state step (``advance``):
+    ``start, length, e_t, beta, t, t_t, p_t, wv, kg, q_g_t, k_decay, state_decay, u, w_t``."""
 
 
 def _load_rows(src, length, chunk):
@@ -61,8 +60,7 @@ def _pairwise(g, k_t, bk_t, q_t, masks, upper, length, chunk):
     stacked = tl.sbuf((dk, 2, chunk))
     nisa.tensor_copy(dst=stacked[:, 0, :], src=bk_t)
     nisa.tensor_copy(dst=stacked[:, 1, :], src=q_t)
-    columns = nl.ndarray((2 * chunk, chunk), dtype=nl.float32, buffer=nl.psum)
-    nisa.memset(dst=columns, value=0.0)
+    columns = nl.ndarray((2 * chunk, chunk), dtype=nl.float32, buffer=nl.psum)  # columns >= length stay unwritten
     for s0 in range(0, length, SOURCE_BATCH):
         n = min(SOURCE_BATCH, length - s0)
         # since[t', i, t] = [t' <= t] - [t' <= s0 + i]: +1 exactly on s < t' <= t
@@ -74,7 +72,8 @@ def _pairwise(g, k_t, bk_t, q_t, masks, upper, length, chunk):
                              decay.ap(pattern=[[n * chunk, dk], [chunk, n], [0, 2], [1, chunk]]), nl.multiply)
         for i in range(n):
             nisa.nc_matmul(columns[:, s0 + i:s0 + i + 1], weighted[:, i, :, :], k_t[:, s0 + i:s0 + i + 1])
-    both = tl.copy(columns)
+    both = tl.filled((2 * chunk, chunk), 0.0)
+    nisa.tensor_copy(dst=both[:, 0:length], src=columns[:, 0:length])
     e_t = tl.binary(tl.transpose(both[0:chunk, :]), masks.plane(STRICT_UPPER), nl.multiply)
     p_t = tl.binary(tl.transpose(both[chunk:2 * chunk, :]), upper, nl.multiply)
     return e_t, p_t
@@ -85,7 +84,8 @@ def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, upper, ones_co
     start, length = n_tok
     rows = nl.ds(start, length)
     ch = _Chunk()
-    ch.start, ch.length = start, length
+    ch.start = start
+    ch.length = length
     qt = _load_rows(q[rows, hk, :], length, chunk)
     kt = _load_rows(k[rows, hk, :], length, chunk)
     g = _load_rows(g_gate[rows, h, :], length, chunk)
@@ -95,7 +95,9 @@ def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, upper, ones_co
         ch.wv = tl.binary(ch.wv, _load_rows(w[rows, h, :], length, chunk), nl.multiply)
     bk = tl.binary(bt, kt, nl.multiply)
     k_t = tl.transpose(kt)
-    ch.e_t, ch.p_t = _pairwise(g, k_t, tl.transpose(bk), tl.transpose(qt), masks, upper, length, chunk)
+    e_t, p_t = _pairwise(g, k_t, tl.transpose(bk), tl.transpose(qt), masks, upper, length, chunk)
+    ch.e_t = e_t
+    ch.p_t = p_t
     e_g = tl.activation(tl.matmul(upper, g), nl.exp)                          # [t, d] e^{G_td}
     ch.kg = tl.binary(bk, e_g, nl.multiply)
     ch.q_g_t = tl.transpose(tl.binary(qt, e_g, nl.multiply))
@@ -103,12 +105,17 @@ def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, upper, ones_co
     ch.k_decay = tl.binary(kt, to_end, nl.multiply)
     ch.state_decay = tl.activation(tl.matmul(g, ones_col), nl.exp)            # [Dk, 1] e^{G_C}
     ch.beta = ones_col                                                        # beta already inside A
-    ch.t = ch.t_t = None  # schur_levels starts from the identity
+    ch.t = None  # schur_levels starts from the identity
+    ch.t_t = None
     return ch
 
 
 def _chunks_of(start, end, chunk):
-    return [(c0, min(chunk, end - c0)) for c0 in range(start, end, chunk)]
+    """``(start, length)`` of each chunk of the tokens ``start .. end - 1``."""
+    chunks = []
+    for c0 in range(start, end, chunk):
+        chunks.append((c0, min(chunk, end - c0)))
+    return chunks
 
 
 @nki.jit
@@ -138,6 +145,10 @@ def gdn2_kernel(q, k, v, g, beta, w, mask_pack, initial_state=None, cu_seqlens=(
                 state = tl.filled((dk, dv), 0.0)
             tl.store(final[n, h], state)
     return out, final
+
+
+# Sequence boundaries are still compile-time constants here (one kernel per composition).
+GDN2 = NkiOp("gdn2_chunked", gdn2_kernel, static_args=("cu_seqlens",))
 
 
 def gdn2_chunked(q, k, v, g, beta, w, cu_seqlens, scale=1.0, initial_state=None, mask_pack=None):
@@ -176,4 +187,4 @@ def gdn2_chunked(q, k, v, g, beta, w, cu_seqlens, scale=1.0, initial_state=None,
         check_dtype("initial_state", initial_state, ("float32",))
     if mask_pack is None:
         mask_pack = default_mask_pack(q)
-    return gdn2_kernel(q, k, v, g, beta, w, mask_pack, initial_state, cu_seqlens=tuple(bounds), scale=float(scale))
+    return GDN2(q, k, v, g, beta, w, mask_pack, initial_state, cu_seqlens=tuple(bounds), scale=float(scale))

@@ -1,6 +1,6 @@
 """``gdn_cte``: chunked Gated DeltaNet prefill (context encoding) as an NKI kernel.
 
-Math: ``/work/shared/docs/gdn-math.md`` sections 3-4; design: ``kernels/docs/gdn_cte.md``;
+Math: ``docs/gdn-math.md`` sections 3-4; design: ``docs/kernels/gdn_cte.md``;
 torch mirror of the same steps: ``gdn_cte_torch.py``.
 
 Per value head ``h`` (key head ``h // (Hv // Hk)``) and chunk of ``C`` tokens, on chip:
@@ -17,16 +17,20 @@ Per value head ``h`` (key head ``h // (Hv // Hk)``) and chunk of ``C`` tokens, o
 5. sequential over chunks: ``V' = U - W S``, ``O = scale (e^G Q S + P V')``,
    ``S <- e^{G_C} S + (e^{G_C - G} K)^T V'``.
 
-The state ``S`` lives in SBUF (fp32) for the whole sequence; it is read from HBM once (when
-supplied) and written once.
+The state ``S`` lives in SBUF (fp32) for the whole sequence; it is read from its cache row once
+(when there is one) and written back once.
 """
 
 from . import tiles as tl
+import numpy as np
+import torch
+
 from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
-                     check_positive_int, check_rank, check_same_dtype, check_shape)
+                     check_positive_int, check_rank, check_same_dtype, check_shape, check_slots)
 from .chunked import Masks, advance, schur_levels
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
-from .nki_compat import nki, nl
+from .nki_call import NkiOp, device_constant, index_tensor
+from .nki_compat import nki, nisa, nl
 
 ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
@@ -36,11 +40,9 @@ L2NORM_EPS = 1e-6  # x * rsqrt(sum(x^2) + eps), gdn-math.md section 1
 MAX_GROUP_SIZE = 16  # 16 chunks in flight: ~136 KiB of 192 KiB SBUF per partition at Dk = Dv = 128, fp32
 
 
-class _Chunk:
-    """The on-chip tiles of one chunk that outlive its preparation (see the module steps)."""
-
-    __slots__ = ("rows", "beta", "e_t", "p_t", "t", "t_t", "bv", "kb", "q_g_t", "k_decay", "state_decay",
-                 "u", "w_t")
+class _Chunk(nl.NKIObject):
+    """The on-chip tiles of one chunk that outlive its preparation (see the module steps):
+    ``rows, beta, e_t, p_t, t, t_t, bv, kb, q_g_t, k_decay, state_decay, u, w_t``."""
 
 
 def _l2_normalised(x, eps, dtype):
@@ -81,30 +83,31 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     ch.bv = tl.scaled_copy(v, ch.beta, dtype=cdt)
     ch.q_g_t = tl.binary(q_t, tl.activation(g_rows[0:dk, :], nl.exp), nl.multiply, dtype=cdt)
     ch.state_decay = tl.activation(g_rows[0:dk, chunk - 1:chunk], nl.exp)     # [Dk, 1]  e^{G_C}
-    ch.t = ch.t_t = None  # schur_levels starts from the identity
+    ch.t = None  # schur_levels starts from the identity
+    ch.t_t = None
     return ch
+
+
+def _product(x_t, y):
+    """``(X Y, (X Y)^T)`` from ``X^T`` and ``Y``."""
+    return tl.copy(tl.matmul(x_t, y)), tl.copy(tl.matmul(y, x_t))
 
 
 def _neumann_blocks(ch, masks):
     """``T`` and ``T^T`` on the 16 x 16 diagonal blocks: ``(I + N)(I + N^2)(I + N^4)(I + N^8)``, ``N = -A``."""
-    eye, block = masks.plane(IDENTITY), masks.plane(BLOCK_DIAG_16)
+    eye = masks.plane(IDENTITY)
+    block = masks.plane(BLOCK_DIAG_16)
     a = tl.scalar(tl.transpose(ch.e_t), nl.multiply, ch.beta)                  # A [r, s]
     n = tl.scalar(tl.binary(a, block, nl.multiply), nl.multiply, -1.0)
     n_t = tl.transpose(n)
-
-    def product(x_t, y):
-        """``(X Y, (X Y)^T)`` from ``X^T`` and ``Y``."""
-        return tl.copy(tl.matmul(x_t, y)), tl.copy(tl.matmul(y, x_t))
-
-    def plus_eye(x):
-        return tl.binary(eye, x, nl.add)
-
-    n2, n2_t = product(n_t, n)
-    n4, n4_t = product(n2_t, n2)
+    n2, n2_t = _product(n_t, n)
+    n4, n4_t = _product(n2_t, n2)
     n8 = tl.copy(tl.matmul(n4_t, n4))
-    f, f_t = product(plus_eye(n_t), plus_eye(n2))
-    f, f_t = product(f_t, plus_eye(n4))
-    ch.t, ch.t_t = product(f_t, plus_eye(n8))
+    f, f_t = _product(tl.binary(eye, n_t, nl.add), tl.binary(eye, n2, nl.add))
+    f, f_t = _product(f_t, tl.binary(eye, n4, nl.add))
+    t, t_t = _product(f_t, tl.binary(eye, n8, nl.add))
+    ch.t = t
+    ch.t_t = t_t
 
 
 def _finish_chunk(ch, cdt):
@@ -112,60 +115,78 @@ def _finish_chunk(ch, cdt):
     t_t = ch.t_t if ch.t_t.dtype == cdt else tl.copy(ch.t_t, cdt)
     ch.u = tl.scaled_copy(tl.matmul(t_t, ch.bv))
     ch.w_t = tl.scaled_copy(tl.matmul(ch.kb, t_t), dtype=cdt)
-    ch.t_t = ch.bv = ch.kb = None
+    ch.t_t = None
+    ch.bv = None
+    ch.kb = None
+
+
+def _head(query, key, value, g_log, beta, out, state_cache, slot, b, h, hk, masks, ones, eps, scale, algorithm,
+          group, initial):
+    """The whole sequence ``b`` of value head ``h``: chunks prepared ``group`` at a time, inverted, then
+    advanced in order; the state comes from / goes back to row ``slot`` of ``state_cache``."""
+    s_len = query.shape[2]
+    cdt = query.dtype
+    chunk = CHUNK_OF[algorithm]
+    n_chunks = s_len // chunk
+    state = tl.load(state_cache[slot, h]) if initial else None
+    for first in range(0, n_chunks, group):
+        chunks = []
+        for c in range(first, min(first + group, n_chunks)):
+            chunks.append(_prepare_chunk(query, key, value, g_log, beta, b, h, hk, c * chunk, chunk, masks, ones,
+                                         eps, cdt))
+        if algorithm == "schur":
+            schur_levels(chunks, masks, 0, chunk, cdt)
+        else:
+            _neumann_blocks(chunks[0], masks)
+            schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
+        for ch in chunks:
+            _finish_chunk(ch, cdt)
+        for ch in chunks:
+            o, state = advance(ch, state, scale, cdt, cdt)
+            tl.store(out[b, h, ch.rows, :], o)
+    tl.store(state_cache[slot, h], state)
 
 
 @nki.jit
-def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state=None, scale=1.0,
-                   algorithm="schur", group_size=8, use_qk_l2norm=False):
+def gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, state_cache, state_slots, scale=1.0,
+                   algorithm="schur", group_size=8, use_qk_l2norm=False, initial_state=True):
     """The NKI kernel behind :func:`gdn_cte` (arguments already checked).
 
+    Sequence ``b`` starts from row ``state_slots[b]`` of ``state_cache`` (``[pages, Hv, Dk, Dv]``
+    fp32; zero instead when ``initial_state`` is False) and its final state is written back
+    there: the slots are a ``[1, B]`` int32 tensor read into a register per sequence, so one
+    compiled kernel serves every slot assignment. Sequences and key heads are device loops.
+
     Returns:
-        ``(out, final_state)`` when ``recurrent_state`` is None; otherwise ``out`` only, the
-        final state having been written into ``recurrent_state`` in place.
+        ``(out [B, Hv, S, Dv] in the compute dtype, state_cache)`` (the cache updated in place).
     """
     b_size, hk_size, s_len, dk = query.shape
-    hv_size, dv = value.shape[1], value.shape[3]
+    hv_size = value.shape[1]
+    dv = value.shape[3]
     ratio = hv_size // hk_size
-    cdt = query.dtype
     chunk = CHUNK_OF[algorithm]
     group = group_size if algorithm == "schur" else 1
-    n_chunks = s_len // chunk
-    out = nl.ndarray((b_size, hv_size, s_len, dv), dtype=cdt, buffer=nl.shared_hbm)
-    final = recurrent_state
-    if final is None:
-        final = nl.ndarray((b_size, hv_size, dk, dv), dtype=nl.float32, buffer=nl.shared_hbm)
+    out = nl.ndarray((b_size, hv_size, s_len, dv), dtype=query.dtype, buffer=nl.shared_hbm)
     masks = Masks(mask_pack, chunk)
-    ones = tl.filled((chunk, max(chunk, dk)), 1.0)  # G_r broadcast onto max(C, Dk) partitions
+    ones = tl.filled((chunk, chunk if chunk > dk else dk), 1.0)  # G_r broadcast onto max(C, Dk) partitions
     eps = tl.filled((chunk, 1), L2NORM_EPS) if use_qk_l2norm else None
-    for b in range(b_size):
-        for h in range(hv_size):
-            state = None if recurrent_state is None else tl.load(recurrent_state[b, h])
-            for first in range(0, n_chunks, group):
-                chunks = [
-                    _prepare_chunk(query, key, value, g_log, beta, b, h, h // ratio, c * chunk, chunk, masks, ones,
-                                   eps, cdt)
-                    for c in range(first, min(first + group, n_chunks))
-                ]
-                if algorithm == "schur":
-                    schur_levels(chunks, masks, 0, chunk, cdt)
-                else:
-                    _neumann_blocks(chunks[0], masks)
-                    schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
-                for ch in chunks:
-                    _finish_chunk(ch, cdt)
-                for ch in chunks:
-                    o, state = advance(ch, state, scale, cdt, cdt)
-                    tl.store(out[b, h, ch.rows, :], o)
-                chunks = None
-            tl.store(final[b, h], state)
-    if recurrent_state is None:
-        return out, final
-    return out
+    slots = tl.load(state_slots)
+    for b in nl.affine_range(b_size):
+        slot = nisa.register_alloc(0)
+        nisa.register_load(slot, slots[0:1, b:b + 1])
+        for hk in nl.affine_range(hk_size):
+            for r in range(ratio):
+                _head(query, key, value, g_log, beta, out, state_cache, slot, b, hk * ratio + r, hk, masks, ones,
+                      eps, scale, algorithm, group, initial_state)
+    return out, state_cache
 
 
-def check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state):
-    """Raise ``ValueError`` (argument, expected, actual) for anything the kernel cannot run."""
+def check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
+                       cache_rows=False):
+    """Raise ``ValueError`` (argument, expected, actual) for anything the kernel cannot run.
+
+    ``cache_rows``: ``recurrent_state`` is a state cache ``[pages, Hv, Dk, Dv]`` indexed by slots.
+    """
     check_choice("algorithm", algorithm, ALGORITHMS)
     check_rank("query", query, 4, "[B, Hk, S, Dk]")
     check_rank("key", key, 4, "[B, Hk, S, Dk]")
@@ -201,22 +222,22 @@ def check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pa
         if recurrent_state is not None:
             raise ValueError("algorithm='neumann' supports no incoming state: recurrent_state must be None")
     if recurrent_state is not None:
-        check_shape("recurrent_state", recurrent_state, (b_size, hv, dk, dv), "[B, Hv, Dk, Dv]")
+        rows = recurrent_state.shape[0] if cache_rows else b_size
+        check_shape("recurrent_state", recurrent_state, (rows, hv, dk, dv),
+                    "[pages, Hv, Dk, Dv]" if cache_rows else "[B, Hv, Dk, Dv]")
         check_dtype("recurrent_state", recurrent_state, ("float32",))
 
 
 def default_mask_pack(like):
-    """``build_mask_pack()`` as the array kind of ``like`` (a torch tensor or a NumPy array)."""
-    pack = build_mask_pack()
-    if type(like).__module__.startswith("torch"):
-        import torch
+    """``build_mask_pack()`` on ``like``'s device (a NumPy array when ``like`` is one), built once per device."""
+    return device_constant("mask_pack", build_mask_pack, like)
 
-        return torch.from_numpy(pack)
-    return pack
+
+GDN_CTE = NkiOp("gdn_cte", gdn_cte_kernel, mutates_args=("state_cache",))
 
 
 def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_pack=None, group_size=8,
-            recurrent_state=None, use_qk_l2norm=False):
+            recurrent_state=None, use_qk_l2norm=False, state_slots=None):
     """Chunked GDN prefill on the NKI kernel.
 
     Dimensions:
@@ -231,27 +252,43 @@ def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_p
         beta: ``[B, Hv, S]`` fp32.
         scale: output scale, applied on device.
         algorithm: "schur" (default, chunk 128) or "neumann" (chunk 64); a trace-time constant.
-        mask_pack: ``[N_MASKS, 128, 128]`` fp32 from :func:`build_mask_pack`, or None to build one.
+        mask_pack: ``[N_MASKS, 128, 128]`` fp32 from :func:`build_mask_pack`, or None for the
+            per-device default.
         group_size: chunks inverted together, level-major ("schur"); 1 to 16.
-        recurrent_state: ``[B, Hv, Dk, Dv]`` fp32 initial state, updated in place and returned;
-            None starts from zero without a load ("neumann" supports only None).
+        recurrent_state: ``[B, Hv, Dk, Dv]`` fp32 initial state, updated in place and returned
+            (with ``state_slots``: a cache ``[pages, Hv, Dk, Dv]`` whose rows ``state_slots`` are
+            the sequences' states); None starts from zero without a load ("neumann" supports
+            only None).
         use_qk_l2norm: normalise q and k per token on chip first (``x * rsqrt(sum(x^2) + 1e-6)``,
             fp32 math, the result in the compute dtype).
+        state_slots: ``[B]`` int tensor (or sequence) of cache rows, or None for rows ``0..B-1``.
 
     Returns:
-        ``(out, final_state)``: ``[B, Hv, S, Dv]`` un-normalised in the compute dtype, and
-        ``[B, Hv, Dk, Dv]`` fp32 (``recurrent_state`` itself when supplied).
+        ``(out, final_state)``: ``[B, Hv, S, Dv]`` un-normalised in the compute dtype, and the
+        fp32 state (``recurrent_state`` itself when supplied).
 
     Raises:
         ValueError: for any constraint above, naming the argument, before any work.
     """
-    check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state)
+    check_gdn_cte_args(query, key, value, g_log, beta, scale, algorithm, mask_pack, group_size, recurrent_state,
+                       cache_rows=state_slots is not None)
+    b_size = query.shape[0]
+    cache = recurrent_state
+    if state_slots is not None:
+        if recurrent_state is None:
+            raise ValueError("state_slots needs recurrent_state (the state cache the slots index)")
+        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+                    recurrent_state.shape[0], b_size)
     if not isinstance(use_qk_l2norm, bool):
         raise ValueError(f"use_qk_l2norm must be a bool, got {use_qk_l2norm!r}")
     if mask_pack is None:
         mask_pack = default_mask_pack(query)
-    result = gdn_cte_kernel(query, key, value, g_log, beta, mask_pack, recurrent_state, scale=float(scale),
-                            algorithm=algorithm, group_size=group_size, use_qk_l2norm=use_qk_l2norm)
-    if recurrent_state is None:
-        return result
-    return result, recurrent_state
+    if cache is None:
+        shape = (b_size, value.shape[1], key.shape[3], value.shape[3])
+        cache = torch.zeros(shape, dtype=torch.float32, device=query.device) if isinstance(query, torch.Tensor) \
+            else np.zeros(shape, np.float32)
+    slots = index_tensor(range(b_size) if state_slots is None else state_slots, query)
+    out, cache = GDN_CTE(query, key, value, g_log, beta, mask_pack, cache, slots, scale=float(scale),
+                         algorithm=algorithm, group_size=group_size, use_qk_l2norm=use_qk_l2norm,
+                         initial_state=recurrent_state is not None)
+    return out, cache

@@ -14,7 +14,7 @@ from .nki_compat import nisa, nl
 
 def sbuf(shape, dtype=nl.float32):
     """A fresh SBUF tile of ``shape``."""
-    return nl.ndarray(tuple(shape), dtype=dtype, buffer=nl.sbuf)
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
 
 
 def load(src, dtype=None):
@@ -72,8 +72,11 @@ def scaled_copy(src, scale=1.0, dtype=nl.float32):
 
 
 def transpose(src, dtype=nl.float32):
-    """``src[P, F]^T`` as a fresh ``[F, P]`` SBUF tile (TensorE transpose, ScalarE evacuation)."""
-    staged = nl.ndarray((src.shape[1], src.shape[0]), dtype=nl.float32, buffer=nl.psum)
+    """``src[P, F]^T`` as a fresh ``[F, P]`` SBUF tile of ``dtype`` (TensorE transpose, ScalarE evacuation).
+
+    The PSUM result of a TensorE transpose has ``src``'s dtype; the evacuation casts.
+    """
+    staged = nl.ndarray((src.shape[1], src.shape[0]), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=staged, data=src)
     return scaled_copy(staged, dtype=dtype)
 
@@ -116,7 +119,6 @@ def scalar_tensor(data, op0, operand0, op1, operand1, dtype=nl.float32):
 
 def reduce(data, op, axis, dtype=nl.float32):
     """``data`` reduced with ``op`` over free ``axis``, the axis kept as size 1 (VectorE)."""
-    shape = tuple(1 if i == axis else n for i, n in enumerate(data.shape))
-    dst = sbuf(shape, dtype)
+    dst = sbuf(data.shape[0:axis] + (1,) + data.shape[axis + 1:], dtype)
     nisa.tensor_reduce(dst=dst, op=op, data=data, axis=axis, keepdims=True)
     return dst

@@ -72,6 +72,8 @@ from . import api as nki
 from . import cost
 from . import isa as nisa
 from . import language as nl
+from . import frontend
 from .errors import NkiCapacityError, NkiHardwareError
+from .frontend import NkiFrontendError
 
-__all__ = ["nki", "nl", "nisa", "cost", "NkiHardwareError", "NkiCapacityError"]
+__all__ = ["nki", "nl", "nisa", "cost", "frontend", "NkiHardwareError", "NkiCapacityError", "NkiFrontendError"]

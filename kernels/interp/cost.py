@@ -181,6 +181,7 @@ class Recorder:
         self.keep_instructions = keep_instructions
         self.instructions = []
         self.count = 0
+        self.static_count = 0
         self.engine_free = dict.fromkeys(ENGINES, 0.0)
         self.busy = dict.fromkeys(ENGINES, 0.0)
         self.per_op = {}
@@ -193,8 +194,13 @@ class Recorder:
         self._writes = _Regions()
         self._dma = _Timeline()
 
-    def add(self, engine, op, dst, inputs, program_id, work) -> None:
-        """Schedule one instruction writing ``dst`` and reading ``inputs``."""
+    def add(self, engine, op, dst, inputs, program_id, work, static=True) -> None:
+        """Schedule one instruction writing ``dst`` and reading ``inputs``.
+
+        ``static``: the instruction belongs to the program text (issued outside device loops or
+        in their first iteration, in the first program of a grid), not a repeat of it.
+        """
+        self.static_count += static
         occupancy, latency = self.spec.occupancy(engine, work)
         reads = [t.extent() for t in inputs]
         write = dst.extent()
@@ -249,6 +255,7 @@ class Recorder:
             hbm_bytes=self.hbm_bytes,
             dma_bytes=self.dma_bytes,
             instructions=self.count,
+            static_instructions=self.static_count,
             per_op={op: (n, t) for op, (n, t) in self.per_op.items()},
             sbuf_peak_bytes=max((launch["sbuf_peak_bytes"] for launch in self.launches), default=0),
             psum_peak_bytes=max((launch["psum_peak_bytes"] for launch in self.launches), default=0),
@@ -267,6 +274,8 @@ class CostReport:
             against the bf16 peak (fp32 matmuls can reach at most 1/4).
         tensor_roofline_s, hbm_roofline_s: the time the MACs alone at bf16 peak, and the HBM
             bytes alone at the per-core share, would take; ``roofline_s`` is their max.
+        instructions: instructions executed; static_instructions: the program's size (device
+            loops and grid programs counted once), what the compiler has to schedule.
         per_op: op name -> (instruction count, engine busy seconds).
         sbuf_peak_bytes, psum_peak_bytes: peak live bytes per partition over the launches.
     """
@@ -281,6 +290,7 @@ class CostReport:
     hbm_bytes: int
     dma_bytes: int
     instructions: int
+    static_instructions: int
     per_op: dict
     sbuf_peak_bytes: int
     psum_peak_bytes: int
@@ -294,8 +304,8 @@ class CostReport:
         """A plain-text summary; every figure is labelled modeled."""
         us = 1e6
         lines = [
-            f"modeled trn2 time           {self.modeled_time_s * us:12.2f} us  ({self.instructions} instructions, "
-            f"{self.launches} launch(es))",
+            f"modeled trn2 time           {self.modeled_time_s * us:12.2f} us  ({self.instructions} instructions "
+            f"executed, {self.static_instructions} in the program, {self.launches} launch(es))",
             f"modeled roofline            {self.roofline_s * us:12.2f} us  (TensorE {self.tensor_roofline_s * us:.2f} us, "
             f"HBM {self.hbm_roofline_s * us:.2f} us)",
             f"modeled TensorE utilisation {self.tensor_utilisation * 100:11.1f} %   of bf16 peak",

@@ -22,13 +22,20 @@ from . import dtypes as _dtypes
 from . import ops as _ops
 from . import runtime as _runtime
 from .errors import refuse
-from .tensor import HBM, ON_CHIP, PSUM, SBUF, SHARED_HBM, Tensor
+from .tensor import HBM, ON_CHIP, PSUM, SBUF, SHARED_HBM, Register, Tensor
 
 MATMUL_K_MAX = 128
 MATMUL_M_MAX = 128
 MATMUL_N_MAX = 512
 TRANSPOSE_MAX = 128
 HBM_BUFFERS = (HBM, SHARED_HBM)
+
+
+class oob_mode:  # noqa: N801 - NKI's name
+    """What a DMA with a dynamic (register) address does when the address falls outside the tensor."""
+
+    error = "error"
+    skip = "skip"
 
 
 class engine:  # noqa: N801 - NKI's name
@@ -51,6 +58,9 @@ def _operand(op: str, name: str, value, buffers) -> Tensor:
     if value.buffer not in buffers:
         allowed = " or ".join(b.upper() for b in buffers)
         raise refuse(op, f"{name} ({value.name})", f"is in {value.buffer.upper()}; it must be in {allowed}")
+    if value.dynamic and op != "nisa.dma_copy":
+        raise refuse(op, f"{name} ({value.name})", "is indexed with a register (a dynamic start address); "
+                                                   "only nisa.dma_copy (the DMA descriptor generator) resolves one")
     return value
 
 
@@ -103,12 +113,14 @@ def _store(dst: Tensor, value: np.ndarray, by_matmul: bool = False) -> None:
     root.written = True
     if root.matmul_written is not None:
         dst.shadow(root.matmul_written)[...] = by_matmul
+        dst.shadow(root.psum_written)[...] = True
 
 
 def _record(execution, engine_name: str, op: str, dst: Tensor, inputs, **work) -> None:
     recorder = execution.recorder
     if recorder is not None:
-        recorder.add(engine_name, op, dst, [t for t in inputs if isinstance(t, Tensor)], execution.program_id, work)
+        recorder.add(engine_name, op, dst, [t for t in inputs if isinstance(t, Tensor)], execution.program_id, work,
+                     static=execution.in_program_body)
 
 
 def _read(t: Tensor) -> np.ndarray:
@@ -149,12 +161,20 @@ def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
     for label, t in (("stationary", stationary), ("moving", moving)):
         if t.dtype not in _dtypes.FLOATS:
             raise refuse(op, label, f"has dtype {t.dtype.name}; TensorE takes float32, bfloat16 or float16 operands")
+    if (stationary.dtype == _dtypes.float32) != (moving.dtype == _dtypes.float32):
+        raise refuse(op, "stationary and moving", f"are {stationary.dtype.name} and {moving.dtype.name}; an fp32 "
+                                                  "operand needs an fp32 partner (cast the other one first)")
     if accumulate not in (None, True, False):
         raise ValueError(f"{op}: accumulate must be None, True or False, got {accumulate!r}")
     written = dst.shadow(dst.root.matmul_written)
+    by_other = dst.shadow(dst.root.psum_written) & ~written
     if accumulate is True and not written.all():
         raise refuse(op, "dst", "accumulate=True onto PSUM elements not last written by nc_matmul "
-                                "(undefined on NeuronCore-v3: open each accumulation group with accumulate=False)")
+                                "(undefined on NeuronCore-v2/v3: open each accumulation group with accumulate=False)")
+    if accumulate is None and by_other.any():
+        raise refuse(op, "dst", "would accumulate (accumulate=None) onto PSUM elements last written by another "
+                                "instruction (memset, copy, ...), undefined on NeuronCore-v2/v3: pass "
+                                "accumulate=False or use a fresh PSUM tile")
     with np.errstate(all="ignore"):
         result = (_read(stationary).reshape(k, m).T @ _read(moving).reshape(k, n)).reshape(dst.shape)
         if accumulate is True:
@@ -179,11 +199,53 @@ def nc_transpose(dst, data, name=None):
         raise refuse(op, "data", f"free size {f} > {TRANSPOSE_MAX}")
     if dst.shape != (f, p):
         raise ValueError(f"{op}: dst shape {dst.shape} must be {(f, p)} for data {data.shape}")
-    if dst.dtype not in (_dtypes.float32, data.dtype):
-        raise ValueError(f"{op}: dst dtype {dst.dtype.name} must be float32 or data's {data.dtype.name}")
+    if dst.dtype != data.dtype:
+        raise refuse(op, "dst", f"has dtype {dst.dtype.name}; a TensorE transpose writes the dtype of data "
+                                f"({data.dtype.name}): cast when copying out of PSUM")
     _store(dst, _read(data).T)
     _record(execution, "tensor", "nc_transpose", dst, (data,), macs=p * f * p, columns=p,
             fp32=data.dtype == _dtypes.float32)
+
+
+# ---- registers ----------------------------------------------------------------------------
+def register_alloc(x=0):
+    """A fresh 32-bit register holding the int ``x``."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise ValueError(f"nisa.register_alloc: x must be an int, got {x!r}")
+    _runtime.current("nisa.register_alloc")
+    return Register(int(x))
+
+
+def register_move(dst, imm):
+    """``dst = imm`` (an int constant)."""
+    if not isinstance(dst, Register):
+        raise ValueError(f"nisa.register_move: dst must be a register, got {type(dst).__name__}")
+    _runtime.current("nisa.register_move")
+    dst.value = int(imm)
+
+
+def register_load(dst, src):
+    """``dst`` = the one integer element of the SBUF tile ``src`` (a ``[1, 1]`` int tile)."""
+    op = "nisa.register_load"
+    _runtime.current(op)
+    if not isinstance(dst, Register):
+        raise ValueError(f"{op}: dst must be a register (nisa.register_alloc), got {type(dst).__name__}")
+    _operand(op, "src", src, (SBUF,))
+    if src.size != 1:
+        raise refuse(op, "src", f"has shape {src.shape}; a register loads one element of a [1, 1] SBUF tile")
+    if src.dtype in _dtypes.FLOATS:
+        raise refuse(op, "src", f"has dtype {src.dtype.name}; an index register loads an integer tile")
+    dst.value = int(src.array.reshape(-1)[0])
+
+
+def register_store(dst, src):
+    """The [1, 1] SBUF tile ``dst`` = the register ``src``."""
+    op = "nisa.register_store"
+    _runtime.current(op)
+    _operand(op, "dst", dst, (SBUF,))
+    if not isinstance(src, Register) or dst.size != 1:
+        raise ValueError(f"{op}: dst must be a [1, 1] SBUF tile and src a register")
+    _store(dst, np.full(dst.shape, src.value))
 
 
 # ---- DMA ----------------------------------------------------------------------------------
@@ -211,10 +273,12 @@ def _squeezed(shape) -> tuple:
     return tuple(s for s in shape if s != 1)
 
 
-def dma_copy(dst, src, name=None):
+def dma_copy(dst, src, oob_mode=oob_mode.error, name=None):
     """Copy ``src`` to ``dst`` by DMA (HBM <-> SBUF, SBUF -> SBUF, HBM -> HBM), casting dtype.
 
-    Shapes must agree up to size-1 axes. DMA cannot read (or write) PSUM.
+    Shapes must agree up to size-1 axes. DMA cannot read (or write) PSUM. Either side may be
+    addressed through a register (a dynamic start address); one that falls outside its
+    tensor raises (``oob_mode.error``, the default) or skips the transfer (``oob_mode.skip``).
     """
     op = "nisa.dma_copy"
     execution = _runtime.current(op)
@@ -222,6 +286,15 @@ def dma_copy(dst, src, name=None):
     _operand(op, "dst", dst, (SBUF, HBM, SHARED_HBM))
     if _squeezed(src.shape) != _squeezed(dst.shape):
         raise ValueError(f"{op}: src shape {src.shape} does not match dst shape {dst.shape}")
+    if oob_mode not in ("error", "skip"):
+        raise ValueError(f"{op}: oob_mode must be nisa.oob_mode.error or .skip, got {oob_mode!r}")
+    if src.out_of_bounds or dst.out_of_bounds:
+        if oob_mode == "error":
+            side = "src" if src.out_of_bounds else "dst"
+            raise refuse(op, side, "has a register address outside its tensor (run-time out-of-bounds error, "
+                                   "oob_mode.error)")
+        _record(execution, "dma", "dma_copy", dst, (src,), **_dma_work(dst, src))
+        return
     value = src.array if src.dtype == dst.dtype else _read(src)
     _store(dst, value)
     _record(execution, "dma", "dma_copy", dst, (src,), **_dma_work(dst, src))
@@ -511,7 +584,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
 
 
 __all__ = [
-    "engine", "nc_matmul", "nc_transpose", "dma_copy", "dma_transpose", "memset", "tensor_copy",
+    "oob_mode", "engine", "register_alloc", "register_move", "register_load", "register_store", "nc_matmul", "nc_transpose", "dma_copy", "dma_transpose", "memset", "tensor_copy",
     "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation", "activation_reduce",
     "tensor_tensor_scan", "reciprocal",
     "tensor_reduce", "affine_select", "iota",

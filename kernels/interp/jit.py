@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - the interpreter still runs, slower on 
 
 from . import cost as _cost
 from . import dtypes as _dtypes
+from . import frontend as _frontend
 from . import runtime as _runtime
 from .tensor import HBM, SHARED_HBM, Tensor
 
@@ -136,6 +137,8 @@ class Kernel:
         if _runtime.is_running():
             # a kernel calling another jit kernel inlines its body
             return self.func(*args, **kwargs)
+        if self.options.get("frontend_check", True):
+            _frontend.check(self.func)  # the NKI front end's Python subset, once per kernel
         arguments = _Arguments()
         args = tuple(arguments.wrap(a, f"arg{i}") for i, a in enumerate(args))
         kwargs = {k: arguments.wrap(v, k) for k, v in kwargs.items()}
@@ -153,7 +156,11 @@ class Kernel:
 
 
 def jit(func=None, **options):
-    """Decorator: ``@nki.jit`` or ``@nki.jit(**options)`` (options are accepted and kept)."""
+    """Decorator: ``@nki.jit`` or ``@nki.jit(**options)`` (options are accepted and kept).
+
+    ``frontend_check=False`` (interpreter only) skips the front-end subset check: for the
+    interpreter's own instruction tests, whose bodies are test code rather than kernels.
+    """
     if func is None:
         return lambda f: Kernel(f, options)
     return Kernel(func, options)

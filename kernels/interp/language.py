@@ -51,13 +51,85 @@ def ds(start, size) -> DynSlice:
     return DynSlice(start, size)
 
 
+class NKIObject:
+    """Base of every class a kernel uses (the front end accepts no other base)."""
+
+
+class LoopIndex(int):
+    """The iterator of a device loop (``nl.affine_range`` / ``nl.sequential_range``).
+
+    On the device the loop is not unrolled: its index is a loop register, usable in index
+    arithmetic (``+``, ``-``, ``*`` with ints, giving another index) and as a tensor index,
+    but not as a Python value: comparisons, ``bool()``, ``//`` and ``%`` are refused, as the
+    compiler cannot resolve them at trace time. (Indexing a Python list with it cannot be
+    caught here - CPython reads an int subclass's value directly - and is equally invalid.)
+    """
+
+    def _affine(self, other, result):
+        if isinstance(other, bool) or not isinstance(other, int):
+            raise TypeError(f"device loop index: arithmetic with {type(other).__name__} is not affine")
+        return LoopIndex(result)
+
+    def __add__(self, other):
+        return self._affine(other, int(self) + int(other))
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._affine(other, int(self) - int(other))
+
+    def __rsub__(self, other):
+        return self._affine(other, int(other) - int(self))
+
+    def __mul__(self, other):
+        if isinstance(other, LoopIndex):
+            raise TypeError("device loop index: the product of two loop indices is not affine")
+        return self._affine(other, int(self) * int(other))
+
+    __rmul__ = __mul__
+
+    def _refuse(self, *_):
+        raise TypeError("device loop index (nl.affine_range / nl.sequential_range) used as a trace-time "
+                        "value (comparison, bool, //, %, list index): use range(...) for trace-time loops")
+
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __truediv__ = _refuse
+    __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __index__ = _refuse
+
+    def __eq__(self, other):
+        self._refuse()
+
+    __ne__ = __eq__
+    __hash__ = int.__hash__
+
+
+def _device_loop(kind: str, args):
+    execution = _runtime.current(f"nl.{kind}")
+    execution.loops.append(0)
+    try:
+        for i, value in enumerate(builtins.range(*args)):
+            execution.loops[-1] = i
+            yield LoopIndex(value)
+    finally:
+        execution.loops.pop()
+
+
 def affine_range(*args):
-    """Loop range; loops unroll at trace time, so this is ``range``."""
+    """A device loop whose iterations are independent (the compiler may reorder and pipeline them).
+
+    Interpreted in order; its index is a :class:`LoopIndex`. Only the first iteration counts
+    towards the program size (``CostReport.static_instructions``).
+    """
+    return _device_loop("affine_range", args)
+
+
+def sequential_range(*args):
+    """A device loop whose iterations run in order (a loop-carried dependency is allowed)."""
+    return _device_loop("sequential_range", args)
+
+
+def static_range(*args):
+    """Unrolled at trace time: ``range``."""
     return builtins.range(*args)
-
-
-sequential_range = affine_range
-static_range = affine_range
 
 
 def _grid_axis(op: str, axis: int):

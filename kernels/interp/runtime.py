@@ -20,7 +20,7 @@ class Execution:
         shared: ``nl.shared_hbm`` tensors by allocation order, shared by all programs.
     """
 
-    __slots__ = ("grid", "program_id", "memory", "recorder", "shared", "shared_cursor")
+    __slots__ = ("grid", "program_id", "memory", "recorder", "shared", "shared_cursor", "loops")
 
     def __init__(self, grid: tuple, recorder):
         self.grid = grid
@@ -29,6 +29,12 @@ class Execution:
         self.recorder = recorder
         self.shared = []
         self.shared_cursor = 0
+        self.loops = []  # per open device loop, the index of its running iteration
+
+    @property
+    def in_program_body(self) -> bool:
+        """True outside device loops or in the first iteration of each: what the program holds once."""
+        return not any(self.loops) and self.program_id == (0,) * len(self.grid)
 
     def start_program(self, program_id: tuple) -> None:
         self.program_id = program_id

@@ -22,15 +22,37 @@ ON_CHIP = (SBUF, PSUM)
 BUFFERS = (SBUF, PSUM, HBM, SHARED_HBM)
 
 
-class DynSlice:
-    """``nl.ds(start, size)``: the index range ``start .. start + size - 1`` of one axis."""
+class Register:
+    """A 32-bit engine register (``nisa.register_alloc``): a value known only at run time.
 
-    __slots__ = ("start", "size")
+    It can index a tensor (``t[reg]``, ``t[nl.ds(reg, n)]``); such a view has a dynamic start
+    address, which only the DMA descriptor generator resolves, so only ``nisa.dma_copy``
+    accepts it. Reading the index beyond the tensor is a run-time error (``oob_mode.error``).
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value=0):
+        self.value = int(value)
+
+    def __repr__(self):
+        return f"Register({self.value})"
+
+
+class DynSlice:
+    """``nl.ds(start, size)``: the index range ``start .. start + size - 1`` of one axis.
+
+    ``start`` may be a :class:`Register` (a dynamic start address).
+    """
+
+    __slots__ = ("start", "size", "dynamic")
 
     def __init__(self, start, size):
+        self.dynamic = isinstance(start, Register)
+        start = start.value if self.dynamic else start
         if int(size) < 1:
             raise ValueError(f"nl.ds: size must be >= 1, got {size}")
-        if int(start) < 0:
+        if int(start) < 0 and not self.dynamic:  # a register's value is checked when the DMA runs
             raise ValueError(f"nl.ds: start must be >= 0, got {start}")
         self.start = int(start)
         self.size = int(size)
@@ -55,7 +77,8 @@ class Tensor:
         name: a label for error messages and traces.
     """
 
-    __slots__ = ("array", "buffer", "_parent", "name", "uid", "matmul_written", "written", "__weakref__")
+    __slots__ = ("array", "buffer", "_parent", "name", "uid", "matmul_written", "psum_written", "written", "dynamic",
+                 "out_of_bounds", "__weakref__")
 
     _next_uid = 0
 
@@ -64,11 +87,14 @@ class Tensor:
         self.buffer = buffer
         self._parent = root  # None for a root: no self-reference, so refcounting frees tiles at once
         self.name = name
+        self.dynamic = False  # indexed with a register: only a DMA can address it
+        self.out_of_bounds = False  # a register index outside the tensor (the DMA's oob_mode decides)
         if root is None:
             Tensor._next_uid += 1
             self.uid = Tensor._next_uid
             # PSUM roots: which elements were last written by nc_matmul (accumulation rule)
             self.matmul_written = np.zeros(array.shape, dtype=bool) if buffer == PSUM else None
+            self.psum_written = np.zeros(array.shape, dtype=bool) if buffer == PSUM else None
             self.written = False
         else:
             self.uid = root.uid
@@ -130,7 +156,10 @@ class Tensor:
     # ---- views ---------------------------------------------------------------------------
     def _view(self, array: np.ndarray, what: str):
         check_partitions(what, array.shape, self.buffer, self.name)
-        return Tensor(array, self.buffer, self.root, self.name)
+        view = Tensor(array, self.buffer, self.root, self.name)
+        view.dynamic = self.dynamic
+        view.out_of_bounds = self.out_of_bounds
+        return view
 
     def __getitem__(self, key):
         if not isinstance(key, tuple):
@@ -142,11 +171,26 @@ class Tensor:
             key = key[:at] + (slice(None),) * fill + key[at + 1:]
         normalised = []
         axis = 0
+        dynamic = self.dynamic
+        out_of_bounds = self.out_of_bounds
         for k in key:
             if axis >= self.ndim:
                 raise ValueError(f"index {key!r}: too many indices for {self!r}")
             dim = self.shape[axis]
-            if isinstance(k, DynSlice):
+            if isinstance(k, Register):
+                dynamic = True
+                if not 0 <= k.value < dim:  # known at run time only: the DMA refuses or skips it
+                    out_of_bounds = True
+                    k = 0
+                else:
+                    k = k.value
+            elif isinstance(k, DynSlice) and k.dynamic and not (0 <= k.start and k.start + k.size <= dim):
+                if k.size > dim:
+                    raise ValueError(f"index {k!r} on axis {axis} of {self!r}: size {k.size} > {dim}")
+                dynamic = out_of_bounds = True
+                k = slice(0, k.size)
+            elif isinstance(k, DynSlice):
+                dynamic = dynamic or k.dynamic
                 if k.start + k.size > dim:
                     raise ValueError(f"index {k!r} on axis {axis} of {self!r}: reaches {k.start + k.size} > size {dim}")
                 k = slice(k.start, k.start + k.size)
@@ -154,6 +198,7 @@ class Tensor:
                 for bound in (k.start, k.stop):
                     if bound is not None and (int(bound) > dim or int(bound) < -dim):
                         raise ValueError(f"index {k!r} on axis {axis} of {self!r}: bound {bound} outside size {dim}")
+                k = slice(*(None if b is None else int(b) for b in (k.start, k.stop, k.step)))
             elif isinstance(k, (int, np.integer)):
                 if not -dim <= int(k) < dim:
                     raise ValueError(f"index {int(k)} on axis {axis} of {self!r}: outside size {dim}")
@@ -168,7 +213,10 @@ class Tensor:
         view = self.array[tuple(normalised)]
         if view.size == 0:
             raise ValueError(f"index {key!r} selects no element of {self!r}")
-        return self._view(view, "indexing")
+        result = self._view(view, "indexing")
+        result.dynamic = dynamic
+        result.out_of_bounds = out_of_bounds
+        return result
 
     def __setitem__(self, key, value):
         raise TypeError(

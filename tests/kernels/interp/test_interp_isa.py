@@ -47,16 +47,31 @@ def test_nc_matmul_accumulation_rules():
         nisa.nc_matmul(dst=fresh, stationary=a, moving=b, accumulate=True)
         explicit = store(fresh)
         nisa.memset(dst=fresh[0:8, :], value=5.0)                   # non-matmul write on half
-        nisa.nc_matmul(dst=fresh, stationary=a, moving=b)           # None: overwrite that half only
-        mixed = store(fresh)
-        return summed, restarted, explicit, mixed
+        nisa.nc_matmul(dst=fresh, stationary=a, moving=b, accumulate=False)  # explicit restart: defined
+        overwritten = store(fresh)
+        return summed, restarted, explicit, overwritten
 
-    summed, restarted, explicit, mixed = run(body, a, b, c, d)
+    summed, restarted, explicit, overwritten = run(body, a, b, c, d)
     np.testing.assert_allclose(summed, ab + cd, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(restarted, cd, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(explicit, cd + ab, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(mixed[:8], ab[:8], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(mixed[8:], cd[8:] + 2 * ab[8:], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(overwritten, ab, rtol=1e-5, atol=1e-5)
+
+
+def test_nc_matmul_implicit_accumulation_onto_a_memset_is_refused_before_writing():
+    a = np.ones((4, 4), np.float32)
+
+    def body(a):
+        a = load(a)
+        acc = nl.ndarray((4, 4), nl.float32, buffer=nl.psum)
+        nisa.memset(dst=acc[0:2, :], value=0.0)
+        before = acc.array.copy()
+        with pytest.raises(NkiHardwareError, match=r"nc_matmul: dst would accumulate \(accumulate=None\) onto PSUM "
+                                                   r"elements last written by another instruction"):
+            nisa.nc_matmul(dst=acc, stationary=a, moving=a)
+        np.testing.assert_array_equal(acc.array, before)
+
+    run(body, a)
 
 
 @pytest.mark.parametrize("setup", ["fresh", "memset"])
@@ -97,11 +112,35 @@ def test_nc_transpose(dtype):
     x = randn(np.random.default_rng(4), (96, 128), dtype)
 
     def body(x):
-        t = nl.ndarray((128, 96), nl.float32, buffer=nl.psum)
+        t = nl.ndarray((128, 96), x.dtype, buffer=nl.psum)
         nisa.nc_transpose(dst=t, data=load(x))
-        return store(t)
+        return store(t, nl.float32)
 
     np.testing.assert_array_equal(run(body, x), x.astype(np.float32).T)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+def test_nc_transpose_into_a_wider_psum_tile_is_refused(dtype):
+    def body(x):
+        data = load(x)
+        t = nl.ndarray((8, 8), nl.float32, buffer=nl.psum)
+        with pytest.raises(NkiHardwareError, match=r"nc_transpose: dst has dtype float32; a TensorE transpose "
+                                                   r"writes the dtype of data"):
+            nisa.nc_transpose(dst=t, data=data)
+
+    run(body, np.ones((8, 8), dtype))
+
+
+@pytest.mark.parametrize("stationary, moving", [(np.float32, BF16), (BF16, np.float32), (np.float16, np.float32)])
+def test_nc_matmul_fp32_operand_needs_an_fp32_partner(stationary, moving):
+    def body(a, b):
+        a, b = load(a), load(b)
+        dst = nl.ndarray((8, 8), nl.float32, buffer=nl.psum)
+        with pytest.raises(NkiHardwareError, match="nc_matmul: stationary and moving are .* an fp32 operand needs "
+                                                   "an fp32 partner"):
+            nisa.nc_matmul(dst=dst, stationary=a, moving=b)
+
+    run(body, np.ones((8, 8), stationary), np.ones((8, 8), moving))
 
 
 def test_dma_transpose_of_two_byte_data():

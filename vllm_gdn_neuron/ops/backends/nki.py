@@ -1,25 +1,25 @@
-"""The ``nki`` backend: the packed varlen ops on the NKI kernels of ``vllm_gdn_neuron.kernels``.
+"""The ``nki`` backend: the packed varlen ops on the NKI kernels, through ``kernels.adapter``.
 
 Implements the contract of ``vllm_gdn_neuron.ops.backends`` (arguments arrive validated and
-normalised). The kernels run on trn2 through the real ``nki`` and anywhere else through the
-project's CPU interpreter (``kernels.nki_compat``); ``is_available()`` is True only with the
-real one, so ``backend="auto"`` picks this backend on Neuron machines only, while
-``backend="nki"`` / ``VLLM_GDN_BACKEND=nki`` runs it interpreted on CPU.
+normalised). Every kernel launch goes through the adapter (``vllm_gdn_neuron.kernels.adapter``,
+one ``NkiOp`` per kernel, shaped like torch-neuronx's NKI custom ops); the kernels run on
+trn2 through the real ``nki`` and anywhere else through the project's CPU interpreter.
+``is_available()`` is True only with the real one, so ``backend="auto"`` picks this backend on
+Neuron machines only, while ``backend="nki"`` / ``VLLM_GDN_BACKEND=nki`` runs it interpreted.
 
 Mapping (zero-length sequences pass their state through):
 
 - ``gdn_prefill``: sequences grouped by their length rounded up to the chunk (128); each group
-  is one ``gdn_cte`` "schur" call with the sequences on the batch axis, in the head-major
-  kernel layout ``[B, H, S, D]``, padded at the end with k = v = 0, g = 0, beta = 0 (exact: a
-  padded token leaves the state unchanged, its output rows are dropped), and the group's
-  initial states in a fresh buffer the kernel updates in place.
-- ``gdn_decode``: ``gdn_recurrent_step`` (fp32 math; q/k/v handed over in fp32) on the
-  cache itself (slot rows in place) in the interpreter; with the real NKI, or for a
-  non-contiguous cache view, on a gathered copy of the rows that is written back
-  (``SLOTS_IN_PLACE``).
-- ``conv1d_prefill`` / ``conv1d_decode``: channel-major ``[1, C, T]`` per sequence /
-  ``[N, C, 1]`` batch with the gathered slot states, new states written back to the slots.
-- ``gdn2_prefill``: ``gdn2_chunked`` on the packed tokens with ``cu_seqlens``.
+  is one bucket launch (``adapter.gdn_prefill``) with the sequences on the batch axis, in the
+  head-major kernel layout ``[B, H, S, D]``, padded at the end with k = v = 0, g = 0,
+  beta = 0 (exact: a padded token leaves the state unchanged; its output rows are dropped);
+  the group's initial states sit in a fresh buffer that serves as the kernel's state cache.
+- ``gdn_decode`` / ``conv1d_decode``: one launch on the cache itself, the slot indices passed
+  as a tensor (rows updated in place by the kernel); a non-contiguous cache view is
+  gathered and written back.
+- ``conv1d_prefill``: one bucket launch ``[B, C, T_max]`` with the sequence lengths as a tensor;
+  the initial states sit in the returned final-state buffer.
+- ``gdn2_prefill``: the GDN-2 kernel on the packed tokens (boundaries at compile time).
 
 With ``use_qk_l2norm``, prefill normalises q and k on chip (``gdn_cte``'s own L2 norm; the
 zero padding rows stay zero); decode and GDN-2 normalise here, in float32.
@@ -27,19 +27,9 @@ zero padding rows stay zero); decode and GDN-2 normalise here, in float32.
 
 import torch
 
-from vllm_gdn_neuron.kernels.conv1d import gdn_conv1d_decode, gdn_conv1d_prefill
-from vllm_gdn_neuron.kernels.gdn2 import gdn2_chunked
-from vllm_gdn_neuron.kernels.gdn_cte import CHUNK_OF, gdn_cte
+from vllm_gdn_neuron.kernels import adapter
 from vllm_gdn_neuron.kernels.nki_compat import using_interpreter
-from vllm_gdn_neuron.kernels.recurrent_step import gdn_recurrent_step
 from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
-
-ALGORITHM = "schur"
-# The step kernel addresses cache slots as trace-time constants. Interpreted, that costs
-# nothing and the kernel updates the cache in place; compiled by the real NKI, every new slot
-# list would be a new kernel, so there the backend gathers the rows and runs the kernel on
-# slots 0..N-1 (one kernel per batch size), then writes the rows back.
-SLOTS_IN_PLACE = using_interpreter
 
 
 def is_available():
@@ -90,16 +80,27 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2nor
     bounds = _bounds(cu_seqlens)
     final = _initial_states(initial_state, len(bounds), (hv, dk, dv), q.device)
     o = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
-    for padded, members in _by_padded_length(bounds, CHUNK_OF[ALGORITHM]).items():
+    for padded, members in _by_padded_length(bounds, adapter.GDN_PREFILL_CHUNK).items():
         # one kernel call per padded length: the batch axis carries the sequences
         spans = [bounds[n] for n in members]
         states = final[members].contiguous()
-        out, _ = gdn_cte(*(_head_major(x, spans, padded) for x in (q, k, v, g, beta)), scale=scale,
-                         algorithm=ALGORITHM, recurrent_state=states, use_qk_l2norm=use_qk_l2norm)
+        slots = torch.arange(len(members), device=q.device)
+        out = adapter.gdn_prefill(*(_head_major(x, spans, padded) for x in (q, k, v, g, beta)), states, slots, scale,
+                                  use_qk_l2norm=use_qk_l2norm, initial_state=initial_state is not None)
         final[members] = states
         for i, (start, end) in enumerate(spans):
             o[start:end] = out[i, :, :end - start].transpose(0, 1)
     return o, final
+
+
+def _in_place(cache, state_indices, launch):
+    """``launch(cache_rows, slots)`` on the cache itself, or on a gathered copy of a non-contiguous view."""
+    if cache.is_contiguous():
+        return launch(cache, state_indices)
+    rows = cache[state_indices].contiguous()
+    out = launch(rows, torch.arange(rows.shape[0], device=rows.device))
+    cache[state_indices] = rows
+    return out
 
 
 def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
@@ -107,19 +108,15 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     out_dtype = q.dtype
     q, k = _normalised(q.float(), k.float(), use_qk_l2norm)
     args = (q.contiguous(), k.contiguous(), v.float().contiguous(), g.contiguous(), beta.contiguous())
-    if state.is_contiguous() and SLOTS_IN_PLACE:
-        return gdn_recurrent_step(*args, state, state_indices.tolist(), scale).to(out_dtype)
-    rows = state[state_indices].contiguous()
-    out = gdn_recurrent_step(*args, rows, list(range(rows.shape[0])), scale)
-    state[state_indices] = rows
+    out = _in_place(state, state_indices, lambda cache, slots: adapter.gdn_decode(*args, cache, slots, scale))
     return out.to(out_dtype)
 
 
 def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm):
     q, k = _normalised(q, k, use_qk_l2norm)
-    return gdn2_chunked(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
-                        beta.contiguous(), None if w is None else w.contiguous(), cu_seqlens.tolist(),
-                        scale=scale, initial_state=None if initial_state is None else initial_state.contiguous())
+    return adapter.gdn2_prefill(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+                                None if w is None else w.contiguous(), cu_seqlens.tolist(),
+                                None if initial_state is None else initial_state.contiguous(), scale)
 
 
 def conv1d_prefill(x, weight, cu_seqlens, initial_state, activation):
@@ -127,19 +124,26 @@ def conv1d_prefill(x, weight, cu_seqlens, initial_state, activation):
     channels, width = weight.shape
     final = _initial_states(initial_state, len(bounds), (channels, width), x.device)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    for n, (start, end) in enumerate(bounds):
-        if end == start:
-            continue
-        incoming = None if initial_state is None else final[n:n + 1]
-        out, state = gdn_conv1d_prefill(x[start:end].T.unsqueeze(0).contiguous(), weight.contiguous(), incoming,
-                                        activation=activation)
-        y[start:end] = out[0].T
-        final[n] = state[0]
+    live = [n for n, (start, end) in enumerate(bounds) if end > start]
+    if not live:
+        return y, final
+    longest = max(bounds[n][1] - bounds[n][0] for n in live)
+    batch = x.new_zeros((len(live), channels, longest))
+    for i, n in enumerate(live):
+        start, end = bounds[n]
+        batch[i, :, :end - start] = x[start:end].T
+    lengths = torch.tensor([bounds[n][1] - bounds[n][0] for n in live], device=x.device)
+    states = final[live].contiguous()
+    out = adapter.conv1d_prefill(batch, weight.contiguous(), states, torch.arange(len(live), device=x.device),
+                                 lengths, activation=activation, initial_state=initial_state is not None)
+    final[live] = states
+    for i, n in enumerate(live):
+        start, end = bounds[n]
+        y[start:end] = out[i, :, :end - start].T
     return y, final
 
 
 def conv1d_decode(x, weight, state, state_indices, activation):
-    rows = state[state_indices].contiguous()
-    out, new_rows = gdn_conv1d_decode(x.unsqueeze(-1).contiguous(), rows, weight.contiguous(), activation=activation)
-    state[state_indices] = new_rows
-    return out[..., 0]
+    weight = weight.contiguous()
+    return _in_place(state, state_indices,
+                     lambda cache, slots: adapter.conv1d_decode(x.contiguous(), weight, cache, slots, activation))
