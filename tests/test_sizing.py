@@ -6,6 +6,7 @@
 - the per-slot state shapes of ``layers/gdn_cache.py`` and figures worked out by hand.
 """
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -96,30 +97,44 @@ def test_weights_per_core_match_trn2_measurements(name, measured_gib, tolerance)
 def test_state_pages_match_the_layer_cache_shapes(name, tp):
     dims = sizing.published_dims(name)
     result = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=tp, max_model_len=2048))
-    text_config = sizing.PUBLISHED[name]
     import transformers
 
-    config = getattr(transformers, text_config[0])(**text_config[1])
+    class_name, overrides, _ = sizing.PUBLISHED[name]
+    config = getattr(transformers, class_name)(**overrides)
     (channels, width), (heads, dk, dv) = gdn_state_shapes(config, tp)
-    assert result.conv_state == channels * width * 2
+    assert result.conv_state == channels * width * 4        # float32 pages
     assert result.recurrent_state == heads * dk * dv * 4
     kv_heads = max(1, config.num_key_value_heads // tp)
-    assert result.kv_page == 2048 * 2 * kv_heads * config.head_dim * 2
+    assert result.kv_per_token == 2 * kv_heads * config.head_dim * 2
+    # The attention block is the smallest multiple of 32 tokens whose KV page holds a state page.
+    block = result.attention_block_size
+    assert block % 32 == 0
+    assert block * result.kv_per_token >= result.state_page > (block - 32) * result.kv_per_token
+
+
+def test_35b_a3b_page_geometry_is_the_measured_one():
+    """vllm-neuron measured 35B-A3B at TP 4 as "page geometry resolved to block_size 32 -> 544"."""
+    result = sizing.size(sizing.published_dims("Qwen/Qwen3.5-35B-A3B"), sizing.ServingConfig(tensor_parallel_size=4))
+    assert result.attention_block_size == 544
 
 
 def test_27b_config_worked_by_hand():
-    """configs/trn2/qwen3_5-27b.yaml: TP 4, 4096 tokens, 4 sequences, 16 blocks + the null block."""
+    """configs/trn2/qwen3_5-27b.yaml: TP 4, 4096 tokens, 4 sequences."""
     result = sizing.resolve(str(REPO / "configs" / "trn2" / "qwen3_5-27b.yaml"), None, {})
-    assert result.kv_page == 4096 * 2 * 1 * 256 * 2 == 4 * MIB        # 4 KV heads over 4 cores
-    assert result.conv_state == (2 * 16 * 128 + 48 * 128) // 4 * 4 * 2  # 2560 channels x K=4, bf16
-    assert result.recurrent_state == 12 * 128 * 128 * 4               # 48 V heads / 4, fp32
-    assert (result.group_size, result.num_groups) == (16, 4)           # 16 attention + 48 GDN layers
-    assert result.block == 16 * 4 * MIB
-    assert result.blocks == 17 and result.sequences == 4
-    assert result.cache == 17 * 64 * MIB
-    assert result.cache_upper == 17 * 4 * 64 * MIB
-    assert result.cap == pytest.approx(0.8 * 24 * GIB)
-    assert result.headroom == pytest.approx(24 * GIB - result.weights_per_core - 17 * 256 * MIB)
+    assert result.kv_per_token == 2 * 1 * 256 * 2                       # 4 KV heads over 4 cores, bf16
+    assert result.conv_state == (2 * 16 * 128 + 48 * 128) // 4 * 4 * 4  # 2560 channels x K=4, fp32
+    assert result.recurrent_state == 12 * 128 * 128 * 4                  # 48 V heads / 4, fp32
+    state_page = 2560 * 4 * 4 + 12 * 128 * 128 * 4                       # 827,392 B
+    assert result.attention_block_size == 32 * math.ceil(state_page / (32 * 1024)) == 832
+    assert result.page == 832 * 1024
+    assert (result.group_size, result.attention_groups, result.state_groups) == (16, 1, 3)
+    assert result.block == 16 * 832 * 1024
+    assert result.blocks_per_sequence == math.ceil(4096 / 832) + 3 == 8
+    assert result.blocks == 4 * 8 + 1 and result.sequences == 4
+    assert result.cache == 33 * 16 * 832 * 1024
+    assert result.cache_upper == 4 * result.cache
+    assert result.cap == pytest.approx(0.65 * 24 * GIB)
+    assert result.headroom == pytest.approx(24 * GIB - result.weights_per_core - 4 * 33 * 16 * 832 * 1024)
     assert result.fits
 
 
@@ -127,9 +142,10 @@ def test_planner_fills_the_cap_without_an_override():
     dims = sizing.published_dims("Qwen/Qwen3.5-9B")
     result = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=4, max_model_len=8192, gpu_memory_utilization=0.9))
     budget = 0.9 * 24 * GIB - result.weights_per_core
-    assert result.block == 8 * (8192 * 2 * 1 * 256 * 2)
+    assert result.block == 8 * result.attention_block_size * 1024
     assert result.blocks == int(budget // result.block)
     assert result.cache <= budget < result.cache + result.block
+    assert result.sequences > result.serving.max_num_seqs  # blocks no sequence reaches
 
 
 @pytest.mark.parametrize("path", TRN2_CONFIGS, ids=lambda p: p.name)
@@ -137,6 +153,7 @@ def test_every_trn2_config_fits_one_chip(path):
     settings = yaml.safe_load(path.read_text())
     result = sizing.resolve(str(path), None, {})
     assert result.fits, sizing.report(result)
+    assert settings["num-gpu-blocks-override"] == result.blocks_for_max_num_seqs
     assert result.sequences == settings["max-num-seqs"]
     buckets = settings["additional-config"]["neuron_config"]["num_batched_tokens_buckets"]
     assert buckets[-1] == settings["max-model-len"] == settings["max-num-batched-tokens"]
@@ -149,7 +166,8 @@ def test_every_trn2_config_fits_one_chip(path):
 def test_cli_prints_each_figure(capsys):
     assert sizing.main([str(REPO / "configs" / "trn2" / "qwen3_5-9b.yaml")]) == 0
     out = capsys.readouterr().out
-    for label in ("weights per core", "KV page", "GDN conv state", "GDN recurrent", "blocks", "headroom per core"):
+    for label in ("weights per core", "KV per token", "GDN conv state", "GDN recurrent", "attention block", "blocks",
+                  "headroom per core"):
         assert label in out
     assert "4.17 GiB" in out and out.rstrip().endswith("fits")
 
@@ -189,3 +207,21 @@ def test_checkpoint_with_generic_config(tiny_models):
     assert result.serving.max_model_len == settings["max-model-len"]
     config = json.loads((tiny_models["qwen3_5-dense"] / "config.json").read_text())
     assert result.dims.hidden_size == config["hidden_size"]
+
+
+@pytest.mark.parametrize("name", ["qwen3_5-dense", "qwen3_5-moe"])
+def test_tiny_device_config_holds_its_sequences(tiny_models, name):
+    config = REPO / "tests" / "integration" / "trn2" / "tiny-trn2.yaml"
+    result = sizing.resolve(str(tiny_models[name]), config, {})
+    assert result.serving.num_gpu_blocks_override == result.blocks_for_max_num_seqs
+    assert result.fits
+
+
+def test_small_real_device_config_holds_its_sequences():
+    """tests/integration/trn2/small-real-trn2.yaml serves a 4-layer model of the 2B's dimensions."""
+    settings = yaml.safe_load((REPO / "tests" / "integration" / "trn2" / "small-real-trn2.yaml").read_text())
+    dims = sizing.published_dims("Qwen/Qwen3.5-2B")
+    four_layers = dataclasses.replace(dims, layer_types=dims.layer_types[:4])
+    result = sizing.size(four_layers, sizing.ServingConfig.from_yaml(settings))
+    assert result.serving.num_gpu_blocks_override == result.blocks_for_max_num_seqs
+    assert result.fits

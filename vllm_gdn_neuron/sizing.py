@@ -16,21 +16,20 @@ The model, stated so it can be checked:
   are not served), every parameter counted once. Matrices split by tensor parallelism
   are divided by the TP size; norms, routers and gates are replicated; key/value heads
   are replicated when the TP size exceeds their count (one per core).
-- KV: with prefix caching off, vllm-neuron sets the block size to ``max-model-len``, so
-  each sequence holds one attention page per attention layer of ``max-model-len`` tokens.
-- GatedDeltaNet: one cache slot per sequence and layer holding the conv state ``[C, K]``
-  (model dtype) and the recurrent state ``[Hv, Dk, Dv]`` (float32 unless
-  ``mamba-ssm-cache-dtype`` says otherwise), as ``layers/gdn_cache.py`` lays them out.
-- vLLM's hybrid allocator groups the layers (group size = the smaller layer count of the
-  two kinds, so 3:1 gives 1 attention + 3 state groups), gives every page one size (the
-  larger of the two) and hands out blocks of ``group size x page`` from one pool; a
-  sequence takes one block per group. If instead every layer kept its own tensor of all
-  the blocks, the cache would be ``groups`` times larger: the fit is judged on that upper
-  bound (the shared-pool figure and the unpadded sum are printed beside it).
-- Blocks: ``num-gpu-blocks-override`` plus the null block vllm-neuron adds, or, without
-  an override, as many as the memory cap leaves room for: vLLM's planner fills the
-  whole budget, which is why every trn2 config here sets the override to
-  ``max-num-seqs x groups``.
+- GatedDeltaNet: one state page per sequence and layer holding the conv state ``[C, K]`` and
+  the recurrent state ``[Hv, Dk, Dv]``, both float32 (the Neuron shell's page layout).
+- Pages: vLLM's hybrid planner gives every layer's page one size. The attention block size
+  becomes the smallest multiple of the attention kernel's block alignment (32 tokens) whose KV
+  page holds a state page, and the state page is padded to it. Layers are grouped by kind
+  (group size = the smaller layer count, so 3:1 gives 1 attention + 3 state groups); a block
+  is ``group size x page``, handed out from one pool; a sequence takes ``ceil(max-model-len /
+  block size)`` attention blocks and one block per state group.
+- Blocks: ``num-gpu-blocks-override`` plus the null block vllm-neuron adds, or, without an
+  override, as many as the memory cap leaves room for: vLLM's planner fills the whole budget
+  with blocks no sequence reaches, which is why every trn2 config here sets the override to
+  what ``max-num-seqs`` sequences take (:attr:`Sizing.blocks_for_max_num_seqs`).
+- Fit: weights + cache under the cap, the cache taken at an upper bound: if each layer kept a
+  tensor of all the blocks (no sharing across groups), ``groups`` times the shared pool.
 """
 
 from __future__ import annotations
@@ -200,13 +199,12 @@ class ServingConfig:
     num_gpu_blocks_override: int | None = None
     dtype: str = "bfloat16"
     kv_cache_dtype: str = "auto"
-    mamba_ssm_cache_dtype: str = "auto"
     prefill_buckets: tuple[int, ...] = ()
     hbm_per_core_gib: float = TRN2_HBM_PER_CORE_GIB
 
     _FLAGS = (
         "tensor-parallel-size", "max-model-len", "max-num-seqs", "gpu-memory-utilization",
-        "num-gpu-blocks-override", "dtype", "kv-cache-dtype", "mamba-ssm-cache-dtype",
+        "num-gpu-blocks-override", "dtype", "kv-cache-dtype",
     )
 
     @classmethod
@@ -232,8 +230,7 @@ class ServingConfig:
             raise ValueError(f"gpu-memory-utilization must be in (0, 1]; got {self.gpu_memory_utilization}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError(f"num-gpu-blocks-override must be >= 1; got {self.num_gpu_blocks_override}")
-        for name, value in (("dtype", self.dtype), ("kv-cache-dtype", self.kv_cache_dtype),
-                            ("mamba-ssm-cache-dtype", self.mamba_ssm_cache_dtype)):
+        for name, value in (("dtype", self.dtype), ("kv-cache-dtype", self.kv_cache_dtype)):
             if value not in _DTYPE_BYTES:
                 raise ValueError(f"{name} must be one of {sorted(_DTYPE_BYTES)}; got {value!r}")
         if self.prefill_buckets:
@@ -306,6 +303,13 @@ def count_weights(dims: ModelDims) -> WeightCount:
     return WeightCount(split=split, replicated=replicated, kv_projections=kv)
 
 
+# The Neuron shell's GDN page holds both states in float32 (one dtype per page-major view).
+STATE_BYTES = 4
+# Token alignment of an attention block: vllm-neuron's Qwen3.5 example measured 35B-A3B's
+# page geometry as "block_size 32 -> 544", i.e. 32-token steps (the attention kernel's).
+ATTENTION_BLOCK_ALIGNMENT = 32
+
+
 @dataclass(frozen=True)
 class Sizing:
     """Bytes per NeuronCore of one model under one serving configuration."""
@@ -314,10 +318,27 @@ class Sizing:
     serving: ServingConfig
     weights_total: int
     weights_per_core: float
-    kv_page: int          # one attention layer's page: block (= max-model-len) tokens of K and V
+    kv_per_token: int     # one attention layer: K and V of one token on this core
     conv_state: int       # one GatedDeltaNet layer's conv state
     recurrent_state: int  # one GatedDeltaNet layer's recurrent state
     blocks: int = 0       # blocks in the pool (the null block included)
+
+    @property
+    def state_page(self) -> int:
+        return self.conv_state + self.recurrent_state
+
+    @property
+    def attention_block_size(self) -> int:
+        """Tokens per attention block: the aligned size whose KV page holds a state page."""
+        if not self.dims.num_gdn_layers:
+            return self.serving.max_model_len
+        step = ATTENTION_BLOCK_ALIGNMENT * self.kv_per_token
+        return ATTENTION_BLOCK_ALIGNMENT * math.ceil(self.state_page / step)
+
+    @property
+    def page(self) -> int:
+        """One layer's page, attention and state alike (the state page padded to the KV page)."""
+        return self.attention_block_size * self.kv_per_token
 
     @property
     def group_size(self) -> int:
@@ -327,35 +348,45 @@ class Sizing:
         return large if large < 1.5 * small else small
 
     @property
+    def attention_groups(self) -> int:
+        return math.ceil(self.dims.num_attention_layers / self.group_size)
+
+    @property
+    def state_groups(self) -> int:
+        return math.ceil(self.dims.num_gdn_layers / self.group_size)
+
+    @property
     def num_groups(self) -> int:
-        """Cache groups: one block of each per sequence (the attention block spans max-model-len)."""
-        counts = [n for n in (self.dims.num_attention_layers, self.dims.num_gdn_layers) if n]
-        return sum(math.ceil(n / self.group_size) for n in counts)
-
-    @property
-    def state_page(self) -> int:
-        return self.conv_state + self.recurrent_state
-
-    @property
-    def unified_page(self) -> int:
-        return max(self.kv_page, self.state_page) if self.dims.num_gdn_layers else self.kv_page
+        return self.attention_groups + self.state_groups
 
     @property
     def block(self) -> int:
-        return self.group_size * self.unified_page
+        return self.group_size * self.page
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        """A full-length sequence: its attention blocks in every attention group, one block per state group."""
+        attention = math.ceil(self.serving.max_model_len / self.attention_block_size)
+        return self.attention_groups * attention + self.state_groups
+
+    @property
+    def blocks_for_max_num_seqs(self) -> int:
+        """The ``num-gpu-blocks-override`` that holds ``max-num-seqs`` full-length sequences."""
+        return self.serving.max_num_seqs * self.blocks_per_sequence
 
     @property
     def per_sequence_unpadded(self) -> int:
-        return self.dims.num_attention_layers * self.kv_page + self.dims.num_gdn_layers * self.state_page
+        kv = self.dims.num_attention_layers * self.serving.max_model_len * self.kv_per_token
+        return kv + self.dims.num_gdn_layers * self.state_page
 
     @property
     def per_sequence(self) -> int:
-        return self.num_groups * self.block
+        return self.blocks_per_sequence * self.block
 
     @property
     def sequences(self) -> int:
-        """Sequences the pool holds at once (the null block serves none)."""
-        return max(0, self.blocks - 1) // self.num_groups
+        """Full-length sequences the pool holds at once (the null block serves none)."""
+        return max(0, self.blocks - 1) // self.blocks_per_sequence
 
     @property
     def cache(self) -> int:
@@ -364,7 +395,7 @@ class Sizing:
     @property
     def cache_upper(self) -> int:
         """The cache if every layer kept its own tensor of all the blocks (no sharing across groups)."""
-        return self.blocks * self.num_groups * self.block
+        return self.cache * self.num_groups
 
     @property
     def hbm(self) -> float:
@@ -376,12 +407,11 @@ class Sizing:
 
     @property
     def headroom(self) -> float:
-        """HBM left on the core once weights and cache are placed (activations, compiler scratch)."""
+        """HBM left on the core once weights and cache (upper bound) are placed."""
         return self.hbm - self.weights_per_core - self.cache_upper
 
     @property
     def fits(self) -> bool:
-        """Judged on the upper bound of the cache: the allocator's sharing is not known to this arithmetic."""
         return self.weights_per_core + self.cache_upper <= self.cap and self.sequences >= self.serving.max_num_seqs
 
 
@@ -397,17 +427,16 @@ def size(dims: ModelDims, serving: ServingConfig) -> Sizing:
     _check_heads(dims, tp)
     model_bytes = _DTYPE_BYTES[serving.dtype]
     kv_bytes = _DTYPE_BYTES[serving.kv_cache_dtype] or model_bytes
-    ssm_bytes = _DTYPE_BYTES[serving.mamba_ssm_cache_dtype] or 4
     weights = count_weights(dims)
-    kv_heads = max(1, dims.num_key_value_heads // tp)
     sizing = Sizing(
         dims=dims,
         serving=serving,
         weights_total=weights.total * model_bytes,
         weights_per_core=weights.per_core(dims, tp) * model_bytes,
-        kv_page=serving.max_model_len * 2 * kv_heads * dims.head_dim * kv_bytes,
-        conv_state=dims.conv_channels // tp * dims.linear_conv_kernel_dim * model_bytes,
-        recurrent_state=dims.linear_num_value_heads // tp * dims.linear_key_head_dim * dims.linear_value_head_dim * ssm_bytes,
+        kv_per_token=2 * max(1, dims.num_key_value_heads // tp) * dims.head_dim * kv_bytes,
+        conv_state=dims.conv_channels // tp * dims.linear_conv_kernel_dim * STATE_BYTES,
+        recurrent_state=dims.linear_num_value_heads // tp * dims.linear_key_head_dim * dims.linear_value_head_dim
+        * STATE_BYTES,
     )
     if serving.num_gpu_blocks_override is not None:
         blocks = serving.num_gpu_blocks_override + 1
@@ -430,7 +459,6 @@ def report(sizing: Sizing) -> str:
     tp = s.tensor_parallel_size
     kv_heads = max(1, d.num_key_value_heads // tp)
     model_bytes = _DTYPE_BYTES[s.dtype]
-    ssm = "float32" if s.mamba_ssm_cache_dtype == "auto" else s.mamba_ssm_cache_dtype
     moe = (
         f", {d.num_experts} experts of {d.moe_intermediate_size} + shared {d.shared_expert_intermediate_size}"
         if d.num_experts else ""
@@ -439,12 +467,13 @@ def report(sizing: Sizing) -> str:
     if s.num_gpu_blocks_override is not None:
         blocks = f"num-gpu-blocks-override {s.num_gpu_blocks_override} + 1 null block"
     else:
-        blocks = f"no num-gpu-blocks-override: the planner fills the cap, ({_gib(sizing.cap)} - weights) / block"
+        blocks = f"no num-gpu-blocks-override: the planner fills ({_gib(sizing.cap)} - weights) / block"
     if s.hbm_per_core_gib == TRN2_HBM_PER_CORE_GIB:
         hbm = (f"{TRN2_HBM_PER_CHIP_GIB} GiB per trn2 chip x LNC {TRN2_DEFAULT_LNC} / "
                f"{TRN2_PHYSICAL_CORES_PER_CHIP} physical cores = {_gib(sizing.hbm)}")
     else:
         hbm = f"{_gib(sizing.hbm)} (given)"
+    attention_blocks = math.ceil(s.max_model_len / sizing.attention_block_size)
     lines = [
         f"{d.name}",
         f"  dims from: {d.source}",
@@ -462,21 +491,27 @@ def report(sizing: Sizing) -> str:
         f" = {_gib(sizing.weights_total)}",
         f"  weights per core            = split / {tp} + replicated (norms, routers, KV heads past one per core)"
         f" = {_gib(sizing.weights_per_core)}",
-        f"  KV page (1 attention layer) = {s.max_model_len} tokens x 2 (K, V) x {kv_heads} KV heads x {d.head_dim} x "
-        f"{sizing.kv_page // (s.max_model_len * 2 * kv_heads * d.head_dim)} B = {_mib(sizing.kv_page)}",
+        f"  KV per token (1 layer)      = 2 (K, V) x {kv_heads} KV heads x {d.head_dim} x "
+        f"{sizing.kv_per_token // (2 * kv_heads * d.head_dim)} B = {sizing.kv_per_token / 1024:.1f} KiB",
         f"  GDN conv state (1 layer)    = {d.conv_channels // tp} channels x {d.linear_conv_kernel_dim} x "
-        f"{model_bytes} B = {sizing.conv_state / 1024:.1f} KiB",
+        f"{STATE_BYTES} B = {_mib(sizing.conv_state)}",
         f"  GDN recurrent (1 layer)     = {d.linear_num_value_heads // tp} heads x {d.linear_key_head_dim} x "
-        f"{d.linear_value_head_dim} x {sizing.recurrent_state // (d.linear_num_value_heads // tp * d.linear_key_head_dim * d.linear_value_head_dim)} B"
-        f" ({ssm}) = {_mib(sizing.recurrent_state)}",
-        f"  per sequence, unpadded      = {d.num_attention_layers} x KV page + {d.num_gdn_layers} x (conv + recurrent)"
-        f" = {_mib(sizing.per_sequence_unpadded)}",
-        f"  block                       = {sizing.group_size} layers x max(KV page, state page) = {_mib(sizing.block)}",
-        f"  per sequence                = {sizing.num_groups} groups x 1 block = {_mib(sizing.per_sequence)}",
-        f"  blocks                      = {sizing.blocks} ({blocks}) -> {sizing.sequences} sequences",
+        f"{d.linear_value_head_dim} x {STATE_BYTES} B = {_mib(sizing.recurrent_state)}",
+        f"  attention block             = {ATTENTION_BLOCK_ALIGNMENT} x ceil(state page / ({ATTENTION_BLOCK_ALIGNMENT}"
+        f" x KV per token)) = {sizing.attention_block_size} tokens",
+        f"  page (every layer)          = {sizing.attention_block_size} tokens x KV per token = {_mib(sizing.page)}"
+        f" (state page {_mib(sizing.state_page)} padded)",
+        f"  block                       = {sizing.group_size} layers x page = {_mib(sizing.block)}"
+        f" ({sizing.attention_groups} attention + {sizing.state_groups} state groups)",
+        f"  per sequence, unpadded      = {d.num_attention_layers} x {s.max_model_len} x KV per token + "
+        f"{d.num_gdn_layers} x state page = {_mib(sizing.per_sequence_unpadded)}",
+        f"  per sequence                = {sizing.attention_groups} x {attention_blocks} attention + "
+        f"{sizing.state_groups} state blocks = {sizing.blocks_per_sequence} blocks = {_mib(sizing.per_sequence)}",
+        f"  blocks                      = {sizing.blocks} ({blocks}) -> {sizing.sequences} full-length sequences;"
+        f" {s.max_num_seqs} need num-gpu-blocks-override {sizing.blocks_for_max_num_seqs}",
         f"  cache per core              = {sizing.blocks} x {_mib(sizing.block)} = {_gib(sizing.cache)}"
         " (one pool shared by the groups)",
-        f"  cache per core, upper bound = {sizing.blocks} x {sizing.num_groups} groups x {_mib(sizing.block)}"
+        f"  cache per core, upper bound = {sizing.num_groups} groups x {_gib(sizing.cache)}"
         f" = {_gib(sizing.cache_upper)} (every layer its own tensor)",
         f"  memory cap                  = {_gib(sizing.hbm)} x {s.gpu_memory_utilization} = {_gib(sizing.cap)}",
         f"  weights + cache (upper)     = {_gib(sizing.weights_per_core + sizing.cache_upper)}"
