@@ -7,7 +7,7 @@
 The argument is a ``vllm serve --config`` YAML (its ``model`` names the checkpoint), a
 checkpoint folder (its ``config.json``), or the name of a published checkpoint whose
 dimensions are built in (:data:`PUBLISHED`). It prints, per NeuronCore: the weights, the
-attention KV pages, the GatedDeltaNet conv and recurrent states per sequence, the cache
+KV per token, the GatedDeltaNet conv and recurrent states, the page geometry, the cache
 the configured sequences need, and what is left of the core's HBM.
 
 The model, stated so it can be checked:
