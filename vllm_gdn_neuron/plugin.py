@@ -4,6 +4,17 @@ vLLM calls :func:`register` (the ``vllm.general_plugins`` entry point
 ``vllm_gdn_neuron:register``) in every process it starts: API server, engine core and
 workers. It is idempotent, imports no model code (the registry imports the model
 module lazily, by name), and does nothing when ``VLLM_GDN_NEURON_DISABLE=1``.
+
+Which classes it registers depends on the platform, and only on the platform:
+
+- anywhere but Neuron: the vLLM shell (:mod:`vllm_gdn_neuron.models.qwen3_5`) under the
+  checkpoints' own architecture names (``ARCHITECTURES``), replacing vLLM's built-ins;
+- on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.neuron.model`)
+  under names no other package ships (``NEURON_ARCHITECTURES``), chosen per model with
+  ``--hf-overrides '{"architectures": ["VllmGdnNeuronQwen3_5ForCausalLM"]}'``. vllm-neuron
+  re-registers its own model list in its workers after the general plugins ran; a
+  name only this plugin registers cannot be replaced, so which class serves a model
+  does not depend on load order. The checkpoints' own names are left to vllm-neuron.
 """
 
 import os
@@ -19,7 +30,19 @@ ARCHITECTURES = (
     "Qwen3NextForCausalLM",
 )
 
+_NEURON_MODULE = "vllm_gdn_neuron.neuron.model"
+_NEURON_CLASS = "Qwen3_5NeuronForCausalLM"
+# The name a user selects -> the checkpoint architecture whose vLLM config hook it keeps.
+NEURON_ARCHITECTURES = {f"VllmGdnNeuron{arch}": arch for arch in ARCHITECTURES}
+
 _registered = False
+
+
+def on_neuron_platform() -> bool:
+    """Whether vLLM's current platform is vllm-neuron's (its device or CPU mode)."""
+    from vllm.platforms import current_platform
+
+    return type(current_platform).__module__.split(".")[0] == "vllm_neuron"
 
 
 def register() -> None:
@@ -30,11 +53,15 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    for arch in ARCHITECTURES:
-        ModelRegistry.register_model(arch, f"{_MODEL_MODULE}:{arch}")
-        existing = MODELS_CONFIG_MAP.get(arch)
+    if on_neuron_platform():
+        names = {name: (f"{_NEURON_MODULE}:{_NEURON_CLASS}", arch) for name, arch in NEURON_ARCHITECTURES.items()}
+    else:
+        names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
+    for name, (target, checkpoint_arch) in names.items():
+        ModelRegistry.register_model(name, target)
+        existing = MODELS_CONFIG_MAP.get(name) or MODELS_CONFIG_MAP.get(checkpoint_arch)
         if not getattr(existing, "is_vllm_gdn_neuron_hook", False):
-            MODELS_CONFIG_MAP[arch] = _config_hook(existing)
+            MODELS_CONFIG_MAP[name] = _config_hook(existing)
     _registered = True
 
 
@@ -46,8 +73,9 @@ def prepare_config(vllm_config) -> None:
     - Refuses what the GatedDeltaNet layer cannot serve with a ``ValueError`` naming
       the setting (see :func:`vllm_gdn_neuron.layers.gdn_cache.check_gdn_config`).
     """
+    from vllm_gdn_neuron.layers.attention import check_attention_heads
     from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config
-    from vllm_gdn_neuron.models.attention import MROPE_KEYS, check_attention_heads
+    from vllm_gdn_neuron.layers.rotary import MROPE_KEYS
 
     model_config = vllm_config.model_config
     text_config = model_config.hf_text_config

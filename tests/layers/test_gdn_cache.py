@@ -1,4 +1,4 @@
-"""State shapes / dtypes of the GatedDeltaNet cache slots, the start-up refusals, bf16 staging."""
+"""State shapes / dtypes of the GatedDeltaNet cache slots and the start-up refusals."""
 
 import types
 
@@ -50,25 +50,3 @@ def test_unservable_configs_are_refused(kwargs, message):
 
 def test_servable_config_passes():
     check_gdn_config(_config(), tp_size=2, num_speculative_tokens=0, mamba_ssm_cache_dtype="bfloat16")
-
-
-def test_a_bf16_recurrent_cache_is_staged_through_fp32_rows():
-    """``--mamba-ssm-cache-dtype bfloat16``: same output as an fp32 cache holding the same values."""
-    from vllm_gdn_neuron.layers.gated_deltanet import GatedDeltaNet
-
-    torch.manual_seed(0)
-    n, hk, hv, dk, dv, slots_total = 3, 2, 4, 8, 6, 5
-    q, k = torch.randn(n, hk, dk), torch.randn(n, hk, dk)
-    v = torch.randn(n, hv, dv)
-    g, beta = -torch.rand(n, hv) * 3, torch.rand(n, hv)
-    cache_bf16 = torch.randn(slots_total, hv, dk, dv).to(torch.bfloat16)
-    cache_fp32 = cache_bf16.float()
-    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
-
-    want = GatedDeltaNet._decode_recurrence(q, k, v, g, beta, cache_fp32, slots)
-    untouched = cache_bf16[[1, 3]].clone()
-    got = GatedDeltaNet._decode_recurrence(q, k, v, g, beta, cache_bf16, slots)
-
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    torch.testing.assert_close(cache_bf16[slots.long()], cache_fp32[slots.long()].to(torch.bfloat16), rtol=0, atol=0)
-    torch.testing.assert_close(cache_bf16[[1, 3]], untouched, rtol=0, atol=0)

@@ -8,7 +8,7 @@ import torch
 
 @pytest.mark.parametrize(("heads", "kv_heads", "tp"), [(4, 2, 3), (6, 4, 3), (4, 4, 8)])
 def test_attention_heads_that_do_not_split_are_refused(heads, kv_heads, tp):
-    from vllm_gdn_neuron.models.attention import check_attention_heads
+    from vllm_gdn_neuron.layers.attention import check_attention_heads
 
     config = types.SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads)
     with pytest.raises(ValueError, match=f"tensor_parallel_size must divide num_attention_heads={heads}.*got tensor_parallel_size={tp}"):
@@ -17,7 +17,7 @@ def test_attention_heads_that_do_not_split_are_refused(heads, kv_heads, tp):
 
 @pytest.mark.parametrize(("heads", "kv_heads", "tp"), [(4, 2, 2), (4, 2, 4), (8, 1, 4)])
 def test_attention_heads_that_split_pass(heads, kv_heads, tp):
-    from vllm_gdn_neuron.models.attention import check_attention_heads
+    from vllm_gdn_neuron.layers.attention import check_attention_heads
 
     check_attention_heads(types.SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads), tp)
 

@@ -1,11 +1,16 @@
-"""Feed-forward blocks of Qwen3.5: the dense SwiGLU MLP and the MoE with a shared expert."""
+"""The vLLM shell of Qwen3.5's feed-forward blocks: vLLM's parallel linears and fused MoE.
+
+The math (SwiGLU, the gated shared expert) is :mod:`vllm_gdn_neuron.layers.mlp`; the
+routed experts run in vLLM's fused MoE (its top-k softmax routing, renormalised).
+"""
 
 import torch
 from torch import nn
 
-from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+
+from vllm_gdn_neuron.layers.mlp import gated_shared_expert, swiglu
 
 
 class SwiGLUMLP(nn.Module):
@@ -23,12 +28,11 @@ class SwiGLUMLP(nn.Module):
             hidden_size, [intermediate_size] * 2, bias=False, prefix=f"{prefix}.gate_up_proj"
         )
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, prefix=f"{prefix}.down_proj")
-        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]."""
         gate_up, _ = self.gate_up_proj(x)
-        out, _ = self.down_proj(self.act_fn(gate_up))
+        out, _ = self.down_proj(swiglu(gate_up))
         return out
 
 
@@ -68,4 +72,4 @@ class SparseMoE(nn.Module):
         router_logits, _ = self.gate(x)
         routed = self.experts(hidden_states=x, router_logits=router_logits)
         shared_gate, _ = self.shared_expert_gate(x)
-        return routed + torch.sigmoid(shared_gate) * self.shared_expert(x)
+        return routed + gated_shared_expert(self.shared_expert(x), shared_gate)

@@ -22,7 +22,6 @@ from torch import nn
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
-from vllm.model_executor.layers.layernorm import GemmaRMSNorm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -30,31 +29,16 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.sequence import IntermediateTensors
 
-from vllm_gdn_neuron.layers.gated_deltanet import GatedDeltaNet
+from vllm_gdn_neuron.layers.checkpoint import MTP_PREFIX, is_sparse_layer, text_tensor_name
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.models.attention import GatedAttention
+from vllm_gdn_neuron.models.gated_deltanet import GatedDeltaNet
 from vllm_gdn_neuron.models.mlp import SparseMoE, SwiGLUMLP
 from vllm_gdn_neuron.models.weights import plan_loads
 
 # Under the "vllm" logger so vLLM's log configuration prints it.
 logger = init_logger(f"vllm.plugins.{__name__}")
-
-# Checkpoint name prefixes: renamed (vision-language checkpoints keep the text
-# decoder under ``model.language_model.``) or skipped (multi-token-prediction heads,
-# used only by a speculative draft model; the vision tower, not served here).
-_RENAMED_PREFIXES = (("model.language_model.", "model."),)
-_MTP_PREFIX = "mtp."
-_VISION_PREFIXES = ("model.visual.", "visual.")
-
-
-def is_sparse_layer(config, layer_idx: int) -> bool:
-    """Whether layer ``layer_idx`` uses the MoE block (Qwen3-Next / Qwen3.5-MoE rule)."""
-    return (
-        getattr(config, "num_experts", 0) > 0
-        and layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
-        and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0
-    )
-
 
 class HybridDecoderLayer(nn.Module):
     """One Qwen3.5 block: token mixer + feed-forward, pre-norm, fused residual adds."""
@@ -75,8 +59,8 @@ class HybridDecoderLayer(nn.Module):
             self.mlp = SparseMoE(config, prefix=f"{prefix}.mlp")
         else:
             self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, prefix=f"{prefix}.mlp")
-        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
@@ -106,7 +90,7 @@ class HybridModel(nn.Module):
             HybridDecoderLayer(vllm_config, idx, prefix=f"{prefix}.layers.{idx}")
             for idx in range(config.num_hidden_layers)
         )
-        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
         self, input_ids: torch.Tensor | None, positions: torch.Tensor, inputs_embeds: torch.Tensor | None
@@ -196,15 +180,11 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         skipped_vision = 0
-        for name, tensor in weights:
-            if name.startswith(_MTP_PREFIX):
+        for checkpoint_name, tensor in weights:
+            name = text_tensor_name(checkpoint_name)
+            if name is None:
+                skipped_vision += not checkpoint_name.startswith(MTP_PREFIX)
                 continue
-            if name.startswith(_VISION_PREFIXES):
-                skipped_vision += 1
-                continue
-            for old, new in _RENAMED_PREFIXES:
-                if name.startswith(old):
-                    name = new + name[len(old):]
             if self.tie_word_embeddings and name.startswith("lm_head."):
                 continue
             if ".mlp.experts." in name:
@@ -213,7 +193,7 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
             for param_name, shard, part in plan_loads(name, tensor, self.config):
                 if param_name not in params:
                     raise ValueError(
-                        f"checkpoint tensor {name!r} has no parameter {param_name!r} in "
+                        f"checkpoint tensor {checkpoint_name!r} has no parameter {param_name!r} in "
                         f"{type(self).__name__} (is the config's architecture right?)"
                     )
                 param = params[param_name]

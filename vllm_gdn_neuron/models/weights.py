@@ -1,21 +1,15 @@
-"""From Hugging Face checkpoint tensors to this plugin's parameters.
+"""From Hugging Face checkpoint tensors to the vLLM shell's (merged, vLLM-sharded) parameters.
 
-Both GatedDeltaNet layouts load into the same parameters:
-
-- Qwen3.5 stores ``in_proj_qkv`` (flat ``[q all heads | k all heads | v all heads]``),
-  ``in_proj_z``, ``in_proj_b`` and ``in_proj_a`` separately;
-- Qwen3-Next packs them per key-head group: ``in_proj_qkvz`` rows are, for each of
-  the Hk groups, ``[q_g (Dk) | k_g (Dk) | v_g (r*Dv) | z_g (r*Dv)]`` with r = Hv / Hk,
-  and ``in_proj_ba`` rows are ``[b_g (r) | a_g (r)]`` per group. These are
-  un-interleaved here, once, at load time, so the forward has one code path.
-
-Each checkpoint tensor becomes zero or more ``(param_name, shard_id, tensor)`` loads;
+Both GatedDeltaNet layouts (see :mod:`vllm_gdn_neuron.layers.checkpoint`) load into the
+same parameters. Each checkpoint tensor becomes zero or more ``(param_name, shard_id, tensor)`` loads;
 ``shard_id`` is None for a parameter loaded whole.
 """
 
 from collections.abc import Iterator
 
 import torch
+
+from vllm_gdn_neuron.layers.checkpoint import split_flat_qkv, unpack_grouped_ba, unpack_grouped_qkvz
 
 # (checkpoint name part, parameter name part, shard of the merged parameter)
 _STACKED = (
@@ -32,31 +26,6 @@ _STACKED = (
 )
 
 Load = tuple[str, int | str | None, torch.Tensor]
-
-
-def split_flat_qkv(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Qwen3.5 ``in_proj_qkv`` [2*Hk*Dk + Hv*Dv, H] -> q, k [Hk*Dk, H], v [Hv*Dv, H]."""
-    key_dim = text_config.linear_num_key_heads * text_config.linear_key_head_dim
-    value_dim = text_config.linear_num_value_heads * text_config.linear_value_head_dim
-    return weight.split([key_dim, key_dim, value_dim], dim=0)
-
-
-def unpack_grouped_qkvz(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, ...]:
-    """Qwen3-Next ``in_proj_qkvz`` [Hk*(2*Dk + 2*r*Dv), H] -> flat q, k, v, z (head-major rows)."""
-    hk, dk, dv = text_config.linear_num_key_heads, text_config.linear_key_head_dim, text_config.linear_value_head_dim
-    ratio = text_config.linear_num_value_heads // hk
-    grouped = weight.reshape(hk, 2 * dk + 2 * ratio * dv, weight.shape[-1])
-    parts = grouped.split([dk, dk, ratio * dv, ratio * dv], dim=1)
-    return tuple(part.reshape(-1, weight.shape[-1]) for part in parts)
-
-
-def unpack_grouped_ba(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-Next ``in_proj_ba`` [Hk*2*r, H] -> b, a [Hv, H] (value-head-major rows)."""
-    hk = text_config.linear_num_key_heads
-    ratio = text_config.linear_num_value_heads // hk
-    grouped = weight.reshape(hk, 2 * ratio, weight.shape[-1])
-    b, a = grouped.split([ratio, ratio], dim=1)
-    return b.reshape(-1, weight.shape[-1]), a.reshape(-1, weight.shape[-1])
 
 
 def plan_loads(name: str, tensor: torch.Tensor, text_config) -> Iterator[Load]:

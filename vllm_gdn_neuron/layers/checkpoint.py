@@ -1,0 +1,75 @@
+"""The Hugging Face checkpoint layouts of Qwen3.5 / Qwen3-Next, shared by both shells.
+
+- Vision-language checkpoints keep the text decoder under ``model.language_model.``;
+  their vision tower (``model.visual.`` / ``visual.``) and any multi-token-prediction
+  head (``mtp.``) are not served.
+- Qwen3.5 stores the GatedDeltaNet projections separately: ``in_proj_qkv`` (flat
+  ``[q all heads | k all heads | v all heads]``), ``in_proj_z``, ``in_proj_b``, ``in_proj_a``.
+- Qwen3-Next packs them per key-head group: ``in_proj_qkvz`` rows are, for each of
+  the Hk groups, ``[q_g (Dk) | k_g (Dk) | v_g (r*Dv) | z_g (r*Dv)]`` with r = Hv / Hk,
+  and ``in_proj_ba`` rows are ``[b_g (r) | a_g (r)]``. Loaders un-interleave them once,
+  so the forward has one code path.
+"""
+
+import torch
+
+RENAMED_PREFIXES = (("model.language_model.", "model."),)
+MTP_PREFIX = "mtp."
+VISION_PREFIXES = ("model.visual.", "visual.")
+
+
+def text_tensor_name(name: str) -> str | None:
+    """The text-decoder name of a checkpoint tensor, or None for a tensor not served (MTP, vision)."""
+    if name.startswith(MTP_PREFIX) or name.startswith(VISION_PREFIXES):
+        return None
+    for old, new in RENAMED_PREFIXES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+def is_sparse_layer(config, layer_idx: int) -> bool:
+    """Whether layer ``layer_idx`` uses the MoE block (Qwen3-Next / Qwen3.5-MoE rule)."""
+    return (
+        getattr(config, "num_experts", 0) > 0
+        and layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
+        and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0
+    )
+
+
+def check_layer_types(config) -> None:
+    """Refuse a stack with a layer type neither shell implements.
+
+    Raises:
+        ValueError: naming ``layer_types[i]`` and the value given.
+    """
+    for idx, layer_type in enumerate(config.layer_types):
+        if layer_type not in ("linear_attention", "full_attention"):
+            raise ValueError(
+                f"layer_types[{idx}] must be 'linear_attention' or 'full_attention'; got {layer_type!r}"
+            )
+
+
+def split_flat_qkv(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Qwen3.5 ``in_proj_qkv`` [2*Hk*Dk + Hv*Dv, H] -> q, k [Hk*Dk, H], v [Hv*Dv, H]."""
+    key_dim = text_config.linear_num_key_heads * text_config.linear_key_head_dim
+    value_dim = text_config.linear_num_value_heads * text_config.linear_value_head_dim
+    return weight.split([key_dim, key_dim, value_dim], dim=0)
+
+
+def unpack_grouped_qkvz(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, ...]:
+    """Qwen3-Next ``in_proj_qkvz`` [Hk*(2*Dk + 2*r*Dv), H] -> flat q, k, v, z (head-major rows)."""
+    hk, dk, dv = text_config.linear_num_key_heads, text_config.linear_key_head_dim, text_config.linear_value_head_dim
+    ratio = text_config.linear_num_value_heads // hk
+    grouped = weight.reshape(hk, 2 * dk + 2 * ratio * dv, weight.shape[-1])
+    parts = grouped.split([dk, dk, ratio * dv, ratio * dv], dim=1)
+    return tuple(part.reshape(-1, weight.shape[-1]) for part in parts)
+
+
+def unpack_grouped_ba(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-Next ``in_proj_ba`` [Hk*2*r, H] -> b, a [Hv, H] (value-head-major rows)."""
+    hk = text_config.linear_num_key_heads
+    ratio = text_config.linear_num_value_heads // hk
+    grouped = weight.reshape(hk, 2 * ratio, weight.shape[-1])
+    b, a = grouped.split([ratio, ratio], dim=1)
+    return b.reshape(-1, weight.shape[-1]), a.reshape(-1, weight.shape[-1])

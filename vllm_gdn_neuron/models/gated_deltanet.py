@@ -1,0 +1,224 @@
+"""The vLLM shell of the GatedDeltaNet mixer: vLLM's parallel projections, mamba-style cache and metadata.
+
+The math is :func:`vllm_gdn_neuron.layers.gated_deltanet.gdn_mix` (shared with the Neuron
+shell); this module only adapts vLLM's pieces to it:
+
+- projections: vLLM's parallel linear layers (heads sharded over tensor-parallel ranks;
+  each rank holds ``Hk / tp`` key heads and their ``Hv / tp`` value heads);
+- cache: ``self.kv_cache = (conv [blocks, C, K], ssm [blocks, Hv, Dk, Dv])``, one page
+  per block, block 0 being vLLM's null block (never a request's: the ops' pad page);
+- metadata: vLLM's ``GDNAttentionMetadata`` (decodes ordered before prefills) becomes
+  ``ops.DecodeStep`` / ``ops.PrefillStep``, built and checked on the host once per step
+  and shared by every GDN layer of the step.
+
+A step without this layer's metadata is refused, except vLLM's profiling run: vLLM runs
+the model once with ``attn_metadata=None`` before it allocates the cache, and then no
+state exists to advance; that run (no metadata *and* no cache bound) mixes nothing.
+"""
+
+import torch
+from torch import nn
+
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.model_executor.utils import set_weight_attrs
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
+from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.layers.norms import GatedRMSNorm
+
+# vLLM's null block: never allocated to a request, so padding (if any) is routed there.
+PAD_PAGE = 0
+
+
+def _rank_slice(size: int, tp_size: int, tp_rank: int) -> slice:
+    """The contiguous part of ``size`` rows that one tensor-parallel rank owns."""
+    part = size // tp_size
+    return slice(tp_rank * part, (tp_rank + 1) * part)
+
+
+class GatedDeltaNet(nn.Module, MambaBase):
+    """Qwen3.5 GatedDeltaNet layer whose states live in vLLM's mamba cache.
+
+    Dimensions:
+        T: tokens in the step; H: hidden size; Hk / Hv: key / value heads on this
+        rank; Dk / Dv: key / value head sizes; C = 2*Hk*Dk + Hv*Dv conv channels;
+        K: conv kernel width.
+
+    Args:
+        config: Hugging Face text config (``linear_*``, ``hidden_size``, ``rms_norm_eps``).
+        vllm_config: the engine config (dtypes of the states, TP size).
+        prefix: the layer's dotted name; it keys the step's attention metadata.
+
+    Parameters (checkpoint names, after the model's loader maps them):
+        in_proj_qkvz.weight [2*Hk*Dk + 2*Hv*Dv, H] shards (q, k, v, z);
+        in_proj_ba.weight [2*Hv, H] shards (b, a); conv1d.weight [C, K];
+        A_log, dt_bias [Hv] float32; norm.weight [Dv]; out_proj.weight [H, Hv*Dv].
+    """
+
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.text_config = config
+        self.model_dtype = vllm_config.model_config.dtype
+        self.cache_config = vllm_config.cache_config
+
+        total_k_heads = config.linear_num_key_heads
+        total_v_heads = config.linear_num_value_heads
+        self.head_k_dim = config.linear_key_head_dim
+        self.head_v_dim = config.linear_value_head_dim
+        self.num_k_heads = total_k_heads // self.tp_size
+        self.num_v_heads = total_v_heads // self.tp_size
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_kernel = config.linear_conv_kernel_dim
+        self.dims = GDNDims.from_config(config, self.tp_size)
+        total_key_dim = total_k_heads * self.head_k_dim
+        total_value_dim = total_v_heads * self.head_v_dim
+
+        self.in_proj_qkvz = MergedColumnParallelLinear(
+            config.hidden_size,
+            [total_key_dim, total_key_dim, total_value_dim, total_value_dim],
+            bias=False,
+            prefix=f"{prefix}.in_proj_qkvz",
+        )
+        self.in_proj_ba = MergedColumnParallelLinear(
+            config.hidden_size, [total_v_heads, total_v_heads], bias=False, prefix=f"{prefix}.in_proj_ba"
+        )
+        self.conv1d = _ConvWeight(
+            (total_key_dim, total_key_dim, total_value_dim), self.conv_kernel, self.tp_size, self.tp_rank
+        )
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32))
+        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32))
+        for head_param in (self.A_log, self.dt_bias):
+            set_weight_attrs(head_param, {"weight_loader": self._load_head_vector})
+        self.norm = GatedRMSNorm(self.head_v_dim, eps=config.rms_norm_eps)
+        self.out_proj = RowParallelLinear(
+            total_value_dim, config.hidden_size, bias=False, input_is_parallel=True, prefix=f"{prefix}.out_proj"
+        )
+
+        # vLLM finds attention-like layers (and binds their cache) through this table.
+        static_forward_context = get_current_vllm_config().compilation_config.static_forward_context
+        if prefix in static_forward_context:
+            raise ValueError(f"duplicate layer name {prefix!r}")
+        static_forward_context[prefix] = self
+
+    # --- MambaBase: what the cache holds for this layer -------------------------------
+
+    @property
+    def mamba_type(self) -> MambaAttentionBackendEnum:
+        return MambaAttentionBackendEnum.GDN_ATTN
+
+    def get_state_shape(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        return gdn_state_shapes(self.text_config, self.tp_size)
+
+    def get_state_dtype(self) -> tuple[torch.dtype, torch.dtype]:
+        return gdn_state_dtypes(
+            self.model_dtype, self.cache_config.mamba_cache_dtype, self.cache_config.mamba_ssm_cache_dtype
+        )
+
+    # --- forward ----------------------------------------------------------------------
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Mix the tokens of one engine step.
+
+        Args:
+            hidden_states: [T, H] in the model dtype.
+
+        Returns:
+            [T, H] in the model dtype.
+
+        Raises:
+            RuntimeError: the step has no metadata for this layer but its cache is bound.
+        """
+        num_tokens = hidden_states.shape[0]
+        qkvz, _ = self.in_proj_qkvz(hidden_states)
+        ba, _ = self.in_proj_ba(hidden_states)
+        qkv, z = qkvz.split([2 * self.key_dim + self.value_dim, self.value_dim], dim=-1)
+        b, a = ba.split([self.num_v_heads, self.num_v_heads], dim=-1)
+
+        metadata = get_forward_context().attn_metadata
+        step = metadata.get(self.prefix) if isinstance(metadata, dict) else None
+        cache = getattr(self, "kv_cache", ())
+        if step is None and len(cache):
+            raise RuntimeError(
+                f"{self.prefix}: no GatedDeltaNet metadata in this step (attn_metadata "
+                f"{'is None' if metadata is None else 'has no entry for the layer'}) although the layer's "
+                f"cache is bound; the states cannot advance"
+            )
+        if step is None:  # vLLM's profiling run, before any cache exists
+            core = qkv.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)
+        else:
+            conv_cache, ssm_cache = cache
+            decode, prefill = engine_step(step, conv_cache.shape[0])
+            core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
+                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill)
+        out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
+        out, _ = self.out_proj(out.view(num_tokens, self.value_dim))
+        return out
+
+    def _load_head_vector(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        """Load this rank's heads of a per-value-head vector (``A_log``, ``dt_bias``)."""
+        rows = _rank_slice(loaded_weight.shape[0], self.tp_size, self.tp_rank)
+        param.data.copy_(loaded_weight[rows])
+
+
+class _ConvWeight(nn.Module):
+    """The depthwise conv kernel ``weight`` [C_local, K] of this rank's q|k|v channels.
+
+    The checkpoint stores ``[C, 1, K]`` (``nn.Conv1d``) over all heads, channels in
+    q | k | v order; each rank keeps its slice of each of the three parts.
+    """
+
+    def __init__(self, part_sizes: tuple[int, int, int], kernel: int, tp_size: int, tp_rank: int) -> None:
+        super().__init__()
+        self.part_sizes = part_sizes
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        local = sum(part_sizes) // tp_size
+        self.weight = nn.Parameter(torch.empty(local, kernel))
+        set_weight_attrs(self.weight, {"weight_loader": self._load})
+
+    def _load(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        full = loaded_weight.reshape(sum(self.part_sizes), -1)
+        parts = full.split(list(self.part_sizes), dim=0)
+        local = [part[_rank_slice(part.shape[0], self.tp_size, self.tp_rank)] for part in parts]
+        param.data.copy_(torch.cat(local, dim=0))
+
+
+_last_step: list = [None, None]  # (vLLM's metadata object, its steps): one entry, the current step
+
+
+def engine_step(metadata, num_pages: int) -> tuple["ops.DecodeStep | None", "ops.PrefillStep | None"]:
+    """The ops' metadata of vLLM's ``GDNAttentionMetadata`` (built and checked once per step).
+
+    vLLM hands every GDN layer of a step the same metadata object, so the first layer
+    builds and host-checks the steps and the others reuse them.
+    """
+    if _last_step[0] is metadata:
+        return _last_step[1]
+    decode = prefill = None
+    decode_pages = prefill_args = None
+    if metadata.num_decodes:
+        decode_pages = metadata.non_spec_state_indices_tensor[: metadata.num_decodes]
+        decode = ops.DecodeStep.build(decode_pages, PAD_PAGE)
+    if metadata.num_prefills:
+        n = metadata.num_prefills
+        prefill_args = (metadata.prefill_query_start_loc[: n + 1], metadata.prefill_state_indices[:n],
+                        metadata.prefill_has_initial_state[:n])
+        prefill = ops.PrefillStep.build(*prefill_args, metadata.num_prefill_tokens, exact_plan=True)
+    ops.check_step(
+        num_pages, PAD_PAGE, decode_pages=decode_pages,
+        prefill_query_start_loc=prefill_args[0] if prefill_args else None,
+        prefill_pages=prefill_args[1] if prefill_args else None,
+        prefill_has_state=prefill_args[2] if prefill_args else None,
+        num_prefill_tokens=metadata.num_prefill_tokens if prefill_args else None,
+    )
+    _last_step[:] = [metadata, (decode, prefill)]
+    return decode, prefill

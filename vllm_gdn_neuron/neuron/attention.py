@@ -1,0 +1,161 @@
+"""Gated full attention over vllm-neuron's page-major KV cache (static shapes, no host reads).
+
+The bound cache of one layer is ``kv_pages [P, 2, Hkv, B, D]`` (page p = block p; K then V;
+B = block size), with the runner's two reserved pages at the end (:mod:`.contract`).
+
+A step is either one prefill sequence of T (bucket-padded) tokens, or R decode rows of one
+token each; the runner's ``block_table_tensor [R, max_blocks]`` names each request's pages.
+Every token attends to
+
+- the request's cached tokens before this step (positions ``< first position of the
+  request in this step``), gathered from its pages, and
+- this step's tokens of the same request up to itself (causal), taken directly from the
+  step's own K and V,
+
+so the attention never reads a position this step writes, in whatever order a compiler
+places the page write and the page gather. Entries past a request's context, padding
+rows and unused block-table entries read the zero page and are selected away with
+``torch.where`` (a recycled page may hold another group's bytes, NaNs included).
+"""
+
+import torch
+from torch import nn
+
+from vllm_gdn_neuron.layers.attention import GatedAttentionMath, check_attention_heads
+from vllm_gdn_neuron.neuron.contract import reserved_pages
+from vllm_gdn_neuron.neuron.kv_spec import LayerSpec
+
+
+class NeuronGatedAttention(GatedAttentionMath):
+    """Qwen3.5 gated attention with plain (per-rank) projection weights.
+
+    Args:
+        config: Hugging Face text config.
+        layer_name: the key of this layer in ``attn_metadata`` and the bound caches.
+        tp_group: the tensor-parallel group (``world_size``, ``rank_in_group``, ``all_reduce``).
+        dtype: the model dtype (weights and KV cache).
+
+    Parameters (checkpoint names; rows are this rank's heads): ``q_proj.weight
+    [Hq * 2 * D, H]`` (per head: query rows then gate rows), ``k_proj.weight``,
+    ``v_proj.weight [Hkv * D, H]``, ``o_proj.weight [H, Hq * D]``, ``q_norm``, ``k_norm``.
+    """
+
+    def __init__(self, config, layer_name: str, tp_group, dtype: torch.dtype) -> None:
+        tp = tp_group.world_size
+        check_attention_heads(config, tp)
+        heads, kv_heads = config.num_attention_heads // tp, max(1, config.num_key_value_heads // tp)
+        super().__init__(config, heads, kv_heads)
+        self.layer_name = layer_name
+        self.tp_group = tp_group
+        self.dtype = dtype
+        d, hidden = self.head_dim, config.hidden_size
+        self.q_proj = nn.Linear(hidden, heads * 2 * d, bias=False, dtype=dtype)
+        self.k_proj = nn.Linear(hidden, kv_heads * d, bias=False, dtype=dtype)
+        self.v_proj = nn.Linear(hidden, kv_heads * d, bias=False, dtype=dtype)
+        self.o_proj = nn.Linear(heads * d, hidden, bias=False, dtype=dtype)
+        self.scaling = d**-0.5
+        self.kv_pages: torch.Tensor | None = None
+
+    def kv_spec(self) -> LayerSpec:
+        return LayerSpec(name=self.layer_name, num_kv_heads=self.num_kv_heads, head_size=self.head_dim,
+                         dtype=self.dtype, sliding_window_size=None, chunk_size=None)
+
+    def check_cache(self, pages: torch.Tensor) -> None:
+        """Refuse pages that are not ``[P, 2, Hkv, B, D]`` in this layer's heads and dtype."""
+        if pages.dim() != 5 or pages.shape[1] != 2 or pages.shape[2] != self.num_kv_heads \
+                or pages.shape[4] != self.head_dim or pages.dtype != self.dtype:
+            raise ValueError(
+                f"{self.layer_name}: KV pages must be [P, 2, {self.num_kv_heads}, block_size, {self.head_dim}] "
+                f"{self.dtype}; got {tuple(pages.shape)} {pages.dtype}"
+            )
+
+    def bind(self, pages: torch.Tensor) -> None:
+        self.check_cache(pages)
+        self.kv_pages = pages
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool):
+        """Attend, writing this step's K / V into the pages.
+
+        Args:
+            positions: ``[T]`` int token positions.
+            hidden: ``[T, H]``.
+            metadata: this layer's ``attn_metadata`` entry.
+            is_decode: one token per block-table row (else one prefill sequence).
+
+        Returns:
+            ``[T, H]`` (summed over tensor-parallel ranks).
+        """
+        q, k, v, gate = self.split_and_rotate(positions, self.q_proj(hidden), self.k_proj(hidden),
+                                              self.v_proj(hidden))
+        live = metadata["slot_mapping"] > 0
+        self._write(k, v, metadata["slot_mapping"], live)
+        out = self._attend(q, k, v, positions, live, metadata["block_table_tensor"], is_decode)
+        out = self.o_proj(self.gate_output(out, gate))
+        return self.tp_group.all_reduce(out)
+
+    def _write(self, k, v, slot_mapping, live) -> None:
+        """Scatter K and V rows of the step's live tokens; padding tokens write the sink."""
+        pages = self.kv_pages
+        num_pages, _, kv_heads, block, dim = pages.shape
+        _, sink = reserved_pages(num_pages)
+        slots = slot_mapping.to(torch.int64)
+        page = torch.where(live, torch.div(slots, block, rounding_mode="floor"), sink)
+        offset = torch.where(live, slots % block, 0)
+        heads = torch.arange(kv_heads, device=slots.device)
+        # Row of (page, kv, head, offset) in the flat [P * 2 * Hkv * B, D] view.
+        base = (page[:, None] * 2 * kv_heads + heads[None, :]) * block + offset[:, None]
+        rows = torch.cat([base.reshape(-1), (base + kv_heads * block).reshape(-1)])
+        values = torch.cat([k.reshape(-1, dim), v.reshape(-1, dim)]).to(pages.dtype)
+        pages.view(-1, dim).index_copy_(0, rows, values)
+
+    def _attend(self, q, k, v, positions, live, block_table, is_decode):
+        """Softmax attention of each token over its request's cached context and this step's tokens."""
+        tokens = q.shape[0]
+        positions = positions.to(torch.int64)
+        k_ctx, v_ctx, seen = self._gather_context(block_table, live, positions, is_decode)
+        arange = torch.arange(tokens, device=q.device)
+        q = q.view(tokens, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+        if is_decode:  # row r: its context, then its own token
+            keys = torch.cat([k_ctx, k[:, :, None, :].to(k_ctx.dtype)], dim=2).to(q.dtype)
+            values = torch.cat([v_ctx, v[:, :, None, :].to(v_ctx.dtype)], dim=2).to(q.dtype)
+            visible = torch.cat([seen, torch.ones(tokens, 1, dtype=torch.bool, device=q.device)], dim=1)
+            scores = torch.einsum("tkgd,tkcd->tkgc", q, keys)
+        else:  # one sequence: its context, then the step's tokens up to each token
+            keys = torch.cat([k_ctx[0], k.transpose(0, 1).to(k_ctx.dtype)], dim=1).to(q.dtype)
+            values = torch.cat([v_ctx[0], v.transpose(0, 1).to(v_ctx.dtype)], dim=1).to(q.dtype)
+            causal = (arange[None, :] <= arange[:, None]) & (live[None, :] | (arange[None, :] == arange[:, None]))
+            visible = torch.cat([seen.expand(tokens, -1), causal], dim=1)
+            scores = torch.einsum("tkgd,kcd->tkgc", q, keys)
+        scores = (scores * self.scaling).masked_fill(~visible[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        if is_decode:
+            out = torch.einsum("tkgc,tkcd->tkgd", probs, values)
+        else:
+            out = torch.einsum("tkgc,kcd->tkgd", probs, values)
+        return out.reshape(tokens, self.num_heads * self.head_dim)
+
+    def _gather_context(self, block_table, live, positions, is_decode):
+        """K / V ``[R, Hkv, max_blocks * B, D]`` of each block-table row, and ``seen [R, max_blocks * B]``.
+
+        A row sees the cached positions before its first position in this step. Unseen
+        entries of V are zeros (selected, not multiplied: a recycled page may hold NaNs),
+        and padding rows and unused block-table entries read the zero page.
+        """
+        pages = self.kv_pages
+        num_pages, _, kv_heads, block, dim = pages.shape
+        zero_page, _ = reserved_pages(num_pages)
+        table = block_table.to(torch.int64)
+        rows = table.shape[0]
+        row_live = live[:rows] if is_decode else live[:1].expand(rows)
+        first_position = positions[:rows] if is_decode else positions[:1].expand(rows)
+        usable = row_live[:, None] & (table > 0) & (table < zero_page)
+        table = torch.where(usable, table, zero_page).reshape(-1)
+        context = table.shape[0] // rows * block
+        k_ctx = pages[:, 0].index_select(0, table).view(rows, -1, kv_heads, block, dim)
+        v_ctx = pages[:, 1].index_select(0, table).view(rows, -1, kv_heads, block, dim)
+        k_ctx = k_ctx.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, context, dim)
+        v_ctx = v_ctx.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, context, dim)
+        seen = torch.arange(context, device=table.device)[None, :] < first_position[:, None]
+        v_ctx = torch.where(seen[:, None, :, None], v_ctx, torch.zeros((), dtype=v_ctx.dtype, device=v_ctx.device))
+        k_ctx = torch.where(seen[:, None, :, None], k_ctx, torch.zeros((), dtype=k_ctx.dtype, device=k_ctx.device))
+        return k_ctx, v_ctx, seen

@@ -1,0 +1,108 @@
+"""The GatedDeltaNet state page, and the page arithmetic that lets it share vLLM's block pool.
+
+Under the pinned runner (``kv_cache_page_major``) each layer is bound one page-major
+tensor: block b of every layer lives inside page b of that layer's view, and vLLM hands
+out block ids from one pool shared by the attention and the recurrent groups. A GDN
+layer's view is ``[P, page_elems]`` float32; one page holds one sequence's two states
+back to back, then padding:
+
+```
+page = [ conv state [C, K] | recurrent state [Hv, Dk, Dv] | zeros up to the common page size ]
+```
+
+- conv state: the last K raw (pre-conv) inputs of the q | k | v channels, oldest first,
+  channel-major ``[C, K]`` (K wide: the column the next token pushes out is kept, so a
+  decode step is one shift + one dot). vLLM's own GDN layer and the runner's recurrent
+  layers use ``(K - 1, C)`` ("SD"); the runner does not look inside the page, so only the
+  declared shapes (``layers.gdn_cache.gdn_state_shapes``, shared with the vLLM shell) must agree with this layout, and they do.
+  The conv state is carried in float32 columns (a page-major view has one dtype); a bf16
+  input is exact in float32, so nothing is rounded.
+- recurrent state: float32, K-major ``[Hv, Dk, Dv]``.
+
+Page unification (vLLM's hybrid planner, ``Platform._align_hybrid_block_size``): every
+group's page must have one size. With ``a`` bytes of attention KV per token
+(``2 * Hkv * D * itemsize``), ``s`` bytes of GDN state per sequence and the attention
+kernel's block alignment ``m``, the attention block size becomes
+``m * ceil(s / (m * a))`` tokens and the state page is padded to ``block_size * a`` bytes:
+:func:`hybrid_block_size`, :func:`padded_state_page_elems`.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
+
+STATE_DTYPE = torch.float32
+
+
+@dataclass(frozen=True)
+class GDNPageLayout:
+    """Offsets of the two states inside one float32 page row.
+
+    Attributes:
+        conv_shape: ``(C, K)``.
+        ssm_shape: ``(Hv, Dk, Dv)``.
+    """
+
+    conv_shape: tuple[int, int]
+    ssm_shape: tuple[int, int, int]
+
+    @classmethod
+    def from_config(cls, text_config, tp_size: int = 1) -> "GDNPageLayout":
+        return cls(*gdn_state_shapes(text_config, tp_size))
+
+    @property
+    def conv_elems(self) -> int:
+        return math.prod(self.conv_shape)
+
+    @property
+    def state_elems(self) -> int:
+        """float32 elements the two states need (the page may be padded beyond)."""
+        return self.conv_elems + math.prod(self.ssm_shape)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.state_elems * STATE_DTYPE.itemsize
+
+    def check_pages(self, name: str, pages: torch.Tensor) -> None:
+        """Refuse a bound view that is not ``[P, >= state_elems]`` float32."""
+        if pages.dim() != 2 or pages.dtype != STATE_DTYPE or pages.shape[1] < self.state_elems:
+            raise ValueError(
+                f"{name}: state pages must be [P, >= {self.state_elems}] float32 "
+                f"({self.conv_shape} conv + {self.ssm_shape} recurrent); got {tuple(pages.shape)} {pages.dtype}"
+            )
+
+    def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[N, page_elems]`` rows -> contiguous ``conv [N, C, K]`` and ``ssm [N, Hv, Dk, Dv]``."""
+        n = rows.shape[0]
+        conv = rows[:, : self.conv_elems].reshape(n, *self.conv_shape).contiguous()
+        ssm = rows[:, self.conv_elems : self.state_elems].reshape(n, *self.ssm_shape).contiguous()
+        return conv, ssm
+
+    def join(self, conv: torch.Tensor, ssm: torch.Tensor, page_elems: int) -> torch.Tensor:
+        """The inverse of :meth:`split`: whole ``[N, page_elems]`` float32 rows, zero-padded."""
+        n = conv.shape[0]
+        parts = [conv.reshape(n, -1).to(STATE_DTYPE), ssm.reshape(n, -1).to(STATE_DTYPE)]
+        if page_elems > self.state_elems:
+            parts.append(conv.new_zeros(n, page_elems - self.state_elems, dtype=STATE_DTYPE))
+        return torch.cat(parts, dim=1)
+
+
+def attention_bytes_per_token(num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V bytes one token takes in one attention layer's page."""
+    return 2 * num_kv_heads * head_dim * dtype.itemsize
+
+
+def hybrid_block_size(attention_token_bytes: int, state_page_bytes: int, alignment: int) -> int:
+    """The smallest ``alignment`` multiple of tokens whose attention page holds a state page."""
+    return alignment * math.ceil(state_page_bytes / (alignment * attention_token_bytes))
+
+
+def padded_state_page_elems(block_size: int, attention_token_bytes: int) -> int:
+    """float32 elements of a state page padded to the attention page of ``block_size`` tokens."""
+    page_bytes = block_size * attention_token_bytes
+    if page_bytes % STATE_DTYPE.itemsize:
+        raise ValueError(f"an attention page of {page_bytes} bytes is not a whole number of float32 elements")
+    return page_bytes // STATE_DTYPE.itemsize

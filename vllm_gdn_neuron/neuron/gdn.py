@@ -1,0 +1,151 @@
+"""The GatedDeltaNet layer on vllm-neuron's page-major state pages.
+
+Per step and layer (:func:`build_gdn_step`; layers of different vLLM cache groups have
+different block tables), from the layer's metadata: the page of each request is ``block_table_tensor[:, 0]`` (the recurrent
+group's block size is ``max_model_len``: one block per sequence); a request is live when
+its first token has ``slot_mapping > 0`` and its page lies below the reserved pages.
+Live requests read and write their page; padding rows read the zero page and write the
+sink (:mod:`.contract`). A prefill sequence starts from zeros when its first position is
+0, else from its page (a chunk continuing a prompt).
+
+Per layer: one ``index_select`` of whole page rows, the shared mixer
+(:func:`vllm_gdn_neuron.layers.gated_deltanet.gdn_mix`) on those rows, one ``index_copy_``
+of whole rows back; no strided write into the bound tensor.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
+from vllm_gdn_neuron.layers.norms import GatedRMSNorm
+from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, GDNPageLayout
+from vllm_gdn_neuron.neuron.contract import reserved_pages
+from vllm_gdn_neuron.neuron.kv_spec import RecurrentLayerSpec
+
+
+@dataclass
+class NeuronGDNStep:
+    """The GDN part of one engine step for the layers of one cache group.
+
+    Attributes:
+        read_pages, write_pages: ``[R]`` int64 page each row reads / writes.
+        decode: the ops' decode metadata over the R gathered rows (decode steps), or None.
+        prefill: the ops' prefill metadata over the one gathered row (prefill steps), or None.
+    """
+
+    read_pages: torch.Tensor
+    write_pages: torch.Tensor
+    decode: "ops.DecodeStep | None"
+    prefill: "ops.PrefillStep | None"
+
+
+def build_gdn_step(metadata: dict, positions: torch.Tensor, num_pages: int, is_decode: bool) -> NeuronGDNStep:
+    """Static-shape metadata of a decode step (R rows, one token each) or a prefill step (one sequence).
+
+    Args:
+        metadata: one GDN layer's ``attn_metadata`` entry (``block_table_tensor``, ``slot_mapping``).
+        positions: ``[T]`` token positions.
+        num_pages: pages of the bound state view (reserved pages included).
+        is_decode: the step's path (``max_query_len <= decode_token_threshold``).
+    """
+    zero_page, sink = reserved_pages(num_pages)
+    slot_mapping = metadata["slot_mapping"]
+    block_table = metadata["block_table_tensor"]
+    rows = slot_mapping.shape[0] if is_decode else 1
+    pages = block_table[:rows, 0].to(torch.int64)
+    first_live = slot_mapping[:rows] > 0
+    live = first_live & (pages > 0) & (pages < zero_page)
+    read = torch.where(live, pages, zero_page)
+    write = torch.where(live, pages, sink)
+    local = torch.arange(rows, dtype=torch.int64, device=pages.device)
+    if is_decode:
+        return NeuronGDNStep(read, write, ops.DecodeStep.build(local), None)
+    num_tokens = slot_mapping.shape[0]
+    length = (slot_mapping > 0).to(torch.int64).sum().reshape(1)
+    query_start_loc = torch.cat([length.new_zeros(1), length])
+    has_state = positions[:1] > 0
+    prefill = ops.PrefillStep.build(query_start_loc, local, has_state, num_tokens)
+    return NeuronGDNStep(read, write, None, prefill)
+
+
+class _ConvWeight(nn.Module):
+    """``weight [C, K]``: the checkpoint's ``conv1d.weight [C, 1, K]`` without the unit axis."""
+
+    def __init__(self, channels: int, kernel: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, kernel, dtype=dtype))
+
+
+class NeuronGatedDeltaNet(nn.Module):
+    """Qwen3.5 GatedDeltaNet with plain per-rank weights, states in page-major pages.
+
+    Args:
+        config: Hugging Face text config.
+        layer_name: the key of this layer in ``attn_metadata`` and the bound caches.
+        tp_group: the tensor-parallel group.
+        dtype: the model dtype.
+
+    Parameters (checkpoint names, this rank's heads): ``in_proj_qkv.weight [C, H]``
+    (q | k | v parts), ``in_proj_z.weight [Hv * Dv, H]``, ``in_proj_b.weight``,
+    ``in_proj_a.weight [Hv, H]``, ``conv1d.weight [C, K]``, ``A_log``, ``dt_bias [Hv]``
+    float32, ``norm.weight [Dv]``, ``out_proj.weight [H, Hv * Dv]``.
+    """
+
+    def __init__(self, config, layer_name: str, tp_group, dtype: torch.dtype) -> None:
+        super().__init__()
+        tp = tp_group.world_size
+        self.layer_name = layer_name
+        self.tp_group = tp_group
+        self.dims = GDNDims.from_config(config, tp)
+        self.layout = GDNPageLayout.from_config(config, tp)
+        dims, hidden = self.dims, config.hidden_size
+        self.in_proj_qkv = nn.Linear(hidden, dims.conv_dim, bias=False, dtype=dtype)
+        self.in_proj_z = nn.Linear(hidden, dims.value_dim, bias=False, dtype=dtype)
+        self.in_proj_b = nn.Linear(hidden, dims.num_v_heads, bias=False, dtype=dtype)
+        self.in_proj_a = nn.Linear(hidden, dims.num_v_heads, bias=False, dtype=dtype)
+        self.conv1d = _ConvWeight(dims.conv_dim, dims.conv_kernel, dtype)
+        self.A_log = nn.Parameter(torch.empty(dims.num_v_heads, dtype=torch.float32))
+        self.dt_bias = nn.Parameter(torch.empty(dims.num_v_heads, dtype=torch.float32))
+        self.norm = GatedRMSNorm(dims.head_v_dim, eps=config.rms_norm_eps).to(dtype)
+        self.out_proj = nn.Linear(dims.value_dim, hidden, bias=False, dtype=dtype)
+        self.state_pages: torch.Tensor | None = None
+
+    def kv_spec(self) -> RecurrentLayerSpec:
+        return RecurrentLayerSpec(name=self.layer_name, shapes=(self.layout.conv_shape, self.layout.ssm_shape),
+                                  dtypes=(STATE_DTYPE, STATE_DTYPE))
+
+    def check_cache(self, pages: torch.Tensor) -> None:
+        """Refuse state pages that are not ``[P, >= state_elems]`` float32."""
+        self.layout.check_pages(self.layer_name, pages)
+
+    def bind(self, pages: torch.Tensor) -> None:
+        self.check_cache(pages)
+        self.state_pages = pages
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool):
+        """Mix one step's tokens.
+
+        Args:
+            positions: ``[T]`` token positions.
+            hidden: ``[T, H]`` in the model dtype.
+            metadata: this layer's ``attn_metadata`` entry.
+            is_decode: one token per block-table row (else one prefill sequence).
+
+        Returns:
+            ``[T, H]`` (summed over tensor-parallel ranks).
+        """
+        tokens = hidden.shape[0]
+        step = build_gdn_step(metadata, positions, self.state_pages.shape[0], is_decode)
+        rows = self.state_pages.index_select(0, step.read_pages)
+        conv, ssm = self.layout.split(rows)
+        caches = GDNCaches(conv=conv, ssm=ssm)
+        core = gdn_mix(self.dims, self.in_proj_qkv(hidden), self.in_proj_a(hidden), self.in_proj_b(hidden),
+                       self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill)
+        self.state_pages.index_copy_(0, step.write_pages,
+                                     self.layout.join(caches.conv, caches.ssm, self.state_pages.shape[1]))
+        z = self.in_proj_z(hidden).view(tokens, self.dims.num_v_heads, self.dims.head_v_dim)
+        out = self.norm(core, z).reshape(tokens, self.dims.value_dim)
+        return self.tp_group.all_reduce(self.out_proj(out))
