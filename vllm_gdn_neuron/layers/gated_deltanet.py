@@ -107,6 +107,7 @@ def gdn_mix(
     caches: GDNCaches,
     decode: "ops.DecodeStep | None",
     prefill: "ops.PrefillStep | None",
+    paged=ops,
 ) -> torch.Tensor:
     """Run the decode rows, then the prefill tokens, of one step; the pages advance in place.
 
@@ -120,6 +121,8 @@ def gdn_mix(
         conv_weight: ``[C, K]``; A_log, dt_bias: ``[Hv]`` float32.
         caches: the layer's pages.
         decode, prefill: the step's metadata (None for a part with no tokens).
+        paged: the provider of the four paged ops: ``ops`` (torch math), or
+            ``ops.paged_nki`` (the NKI kernels, same signatures).
 
     Returns:
         ``core [T, Hv, Dv]`` in qkv's dtype; zeros for tokens of neither part.
@@ -128,17 +131,17 @@ def gdn_mix(
     start = 0
     if decode is not None:
         stop = start + decode.num_rows
-        x = ops.paged_conv1d_decode(qkv[start:stop], conv_weight, caches.conv, decode)
+        x = paged.paged_conv1d_decode(qkv[start:stop], conv_weight, caches.conv, decode)
         q, k, v = dims.split_heads(x)
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        parts.append(ops.paged_gdn_decode(q, k, v, g, beta, caches.ssm, decode, use_qk_l2norm=True))
+        parts.append(paged.paged_gdn_decode(q, k, v, g, beta, caches.ssm, decode, use_qk_l2norm=True))
         start = stop
     if prefill is not None:
         stop = start + prefill.num_tokens
-        x = ops.paged_conv1d_prefill(qkv[start:stop], conv_weight, caches.conv, prefill)
+        x = paged.paged_conv1d_prefill(qkv[start:stop], conv_weight, caches.conv, prefill)
         q, k, v = dims.split_heads(x)
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        parts.append(ops.paged_gdn_prefill(q, k, v, g, beta, caches.ssm, prefill, use_qk_l2norm=True))
+        parts.append(paged.paged_gdn_prefill(q, k, v, g, beta, caches.ssm, prefill, use_qk_l2norm=True))
         start = stop
     rest = qkv.shape[0] - start
     if rest or not parts:

@@ -21,13 +21,28 @@ Layout changes are static-shape tensor arithmetic (no host read):
 The kernels keep float32 states: a bfloat16 ``ssm_cache`` is refused (the torch ops take one).
 """
 
+import sys
+
 import torch
 
 from ..kernels import adapter
+from . import dispatch
 from .backends.torch.common import prepare_qk
 from .paged import _check_conv, _check_gdn, _check_step
 from .step import DecodeStep, PrefillStep
 from .validation import resolve_scale
+
+
+def select(backend, device):
+    """The paged ops a layer runs: this module where ``backend`` resolves to ``nki`` for
+    ``device`` (``"auto"``: ``$VLLM_GDN_BACKEND``, else nki on a Neuron device), else ``ops``
+    (the torch math of :mod:`.paged`)."""
+    chosen = dispatch.select_backend(backend, "gdn_decode", device)
+    if chosen.__name__.rsplit(".", 1)[-1] == "nki":
+        return sys.modules[__name__]
+    from vllm_gdn_neuron import ops
+
+    return ops
 
 
 def _check_state_dtype(name, cache):
