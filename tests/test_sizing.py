@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from vllm_gdn_neuron import sizing
+from vllm_gdn_neuron import plugin, sizing
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -112,6 +112,25 @@ def test_state_pages_match_the_layer_cache_shapes(name, tp):
     assert block * result.kv_per_token >= result.state_page > (block - 32) * result.kv_per_token
 
 
+@pytest.mark.parametrize("name", sorted(sizing.PUBLISHED))
+def test_page_geometry_equals_the_neuron_shells(name):
+    """The shell's own page arithmetic (neuron/cache.py, neuron/contract.py), written apart from this one."""
+    import transformers
+
+    from vllm_gdn_neuron.neuron.cache import GDNPageLayout, attention_bytes_per_token, hybrid_block_size
+    from vllm_gdn_neuron.neuron.contract import NUM_RESERVED_PAGES
+
+    class_name, overrides, _ = sizing.PUBLISHED[name]
+    config = getattr(transformers, class_name)(**overrides)
+    result = sizing.size(sizing.published_dims(name), sizing.ServingConfig(tensor_parallel_size=4))
+    layout = GDNPageLayout.from_config(config, 4)
+    token_bytes = attention_bytes_per_token(max(1, config.num_key_value_heads // 4), config.head_dim, torch.bfloat16)
+    assert result.state_page == layout.state_bytes
+    assert result.kv_per_token == token_bytes
+    assert result.attention_block_size == hybrid_block_size(token_bytes, layout.state_bytes, 32)
+    assert sizing.RESERVED_PAGES == NUM_RESERVED_PAGES
+
+
 def test_35b_a3b_page_geometry_is_the_measured_one():
     """vllm-neuron measured 35B-A3B at TP 4 as "page geometry resolved to block_size 32 -> 544"."""
     result = sizing.size(sizing.published_dims("Qwen/Qwen3.5-35B-A3B"), sizing.ServingConfig(tensor_parallel_size=4))
@@ -131,10 +150,10 @@ def test_27b_config_worked_by_hand():
     assert result.block == 16 * 832 * 1024
     assert result.blocks_per_sequence == math.ceil(4096 / 832) + 3 == 8
     assert result.blocks == 4 * 8 + 1 and result.sequences == 4
-    assert result.cache == 33 * 16 * 832 * 1024
+    assert result.cache == (33 + 2) * 16 * 832 * 1024                   # + the zero page and the sink
     assert result.cache_upper == 4 * result.cache
     assert result.cap == pytest.approx(0.65 * 24 * GIB)
-    assert result.headroom == pytest.approx(24 * GIB - result.weights_per_core - 4 * 33 * 16 * 832 * 1024)
+    assert result.headroom == pytest.approx(24 * GIB - result.weights_per_core - 4 * 35 * 16 * 832 * 1024)
     assert result.fits
 
 
@@ -144,7 +163,7 @@ def test_planner_fills_the_cap_without_an_override():
     budget = 0.9 * 24 * GIB - result.weights_per_core
     assert result.block == 8 * result.attention_block_size * 1024
     assert result.blocks == int(budget // result.block)
-    assert result.cache <= budget < result.cache + result.block
+    assert result.blocks * result.block <= budget < (result.blocks + 1) * result.block
     assert result.sequences > result.serving.max_num_seqs  # blocks no sequence reaches
 
 
@@ -159,6 +178,10 @@ def test_every_trn2_config_fits_one_chip(path):
     assert buckets[-1] == settings["max-model-len"] == settings["max-num-batched-tokens"]
     assert settings["additional-config"]["neuron_config"]["num_seqs_buckets"] == [settings["max-num-seqs"]]
     assert settings["enable-prefix-caching"] is False
+    # The plugin's Neuron shell, for the published checkpoint's (vision-language) architecture.
+    checkpoint_arch = "Qwen3_5MoeForConditionalGeneration" if "A3B" in settings["model"] else "Qwen3_5ForConditionalGeneration"
+    assert plugin.NEURON_ARCHITECTURES[settings["hf-overrides"]["architectures"][0]] == checkpoint_arch
+    assert settings["additional-config"]["neuron_config"]["on_device_sampling_config"] is None
     # One trn2 chip shows 4 NeuronCores at LNC=2.
     assert 4 % settings["tensor-parallel-size"] == 0
 

@@ -24,7 +24,8 @@ The model, stated so it can be checked:
   (group size = the smaller layer count, so 3:1 gives 1 attention + 3 state groups); a block
   is ``group size x page``, handed out from one pool; a sequence takes ``ceil(max-model-len /
   block size)`` attention blocks and one block per state group.
-- Blocks: ``num-gpu-blocks-override`` plus the null block vllm-neuron adds, or, without an
+- Blocks: ``num-gpu-blocks-override`` plus the null block vllm-neuron adds (and the Neuron
+  shell's two reserved pages at the end of every view), or, without an
   override, as many as the memory cap leaves room for: vLLM's planner fills the whole budget
   with blocks no sequence reaches, which is why every trn2 config here sets the override to
   what ``max-num-seqs`` sequences take (:attr:`Sizing.blocks_for_max_num_seqs`).
@@ -308,6 +309,9 @@ STATE_BYTES = 4
 # Token alignment of an attention block: vllm-neuron's Qwen3.5 example measured 35B-A3B's
 # page geometry as "block_size 32 -> 544", i.e. 32-token steps (the attention kernel's).
 ATTENTION_BLOCK_ALIGNMENT = 32
+# Pages every bound view holds past the pool's blocks: the Neuron shell's zero page (padding
+# rows read it) and sink (padding rows write it).
+RESERVED_PAGES = 2
 
 
 @dataclass(frozen=True)
@@ -390,7 +394,7 @@ class Sizing:
 
     @property
     def cache(self) -> int:
-        return self.blocks * self.block
+        return (self.blocks + RESERVED_PAGES) * self.block
 
     @property
     def cache_upper(self) -> int:
@@ -509,8 +513,8 @@ def report(sizing: Sizing) -> str:
         f"{sizing.state_groups} state blocks = {sizing.blocks_per_sequence} blocks = {_mib(sizing.per_sequence)}",
         f"  blocks                      = {sizing.blocks} ({blocks}) -> {sizing.sequences} full-length sequences;"
         f" {s.max_num_seqs} need num-gpu-blocks-override {sizing.blocks_for_max_num_seqs}",
-        f"  cache per core              = {sizing.blocks} x {_mib(sizing.block)} = {_gib(sizing.cache)}"
-        " (one pool shared by the groups)",
+        f"  cache per core              = ({sizing.blocks} + {RESERVED_PAGES} reserved pages) x {_mib(sizing.block)}"
+        f" = {_gib(sizing.cache)} (one pool shared by the groups)",
         f"  cache per core, upper bound = {sizing.num_groups} groups x {_gib(sizing.cache)}"
         f" = {_gib(sizing.cache_upper)} (every layer its own tensor)",
         f"  memory cap                  = {_gib(sizing.hbm)} x {s.gpu_memory_utilization} = {_gib(sizing.cap)}",

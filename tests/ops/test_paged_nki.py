@@ -137,3 +137,11 @@ def test_a_bfloat16_state_cache_is_refused_by_name():
     q, k, v, g, beta = _qkvgb(1, 1, 1, 16, 16, torch.float32, seed=6)
     with pytest.raises(ValueError, match="ssm_cache: the nki paged ops keep float32 states, got torch.bfloat16"):
         paged_nki.paged_gdn_decode(q, k, v, g, beta, torch.zeros(2, 1, 16, 16, dtype=torch.bfloat16), step)
+
+
+@pytest.mark.parametrize("env, expected", [("", "vllm_gdn_neuron.ops"), ("torch", "vllm_gdn_neuron.ops"),
+                                           ("nki", "vllm_gdn_neuron.ops.paged_nki")])
+def test_select_follows_the_backend_choice(monkeypatch, env, expected):
+    monkeypatch.setenv("VLLM_GDN_BACKEND", env)
+    assert paged_nki.select("auto", torch.device("cpu")).__name__ == expected
+    assert paged_nki.select("nki", torch.device("cpu")) is paged_nki

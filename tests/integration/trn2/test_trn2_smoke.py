@@ -66,3 +66,8 @@ def test_serve_helpers_round_trip_on_cpu(tmp_path):
     want, logits = trn2_checks.cpu_greedy_ids(model, trn2_checks.TINY_PROMPT, 8)
     assert len(got) == 8
     trn2_checks.assert_greedy_matches(got, want, logits)
+
+
+def test_neuron_architecture_of_each_tiny_checkpoint(tmp_path):
+    model = trn2_checks.build_model("qwen3_5-moe", tmp_path)
+    assert trn2_checks.neuron_architecture(model) == "VllmGdnNeuronQwen3_5MoeForCausalLM"

@@ -131,6 +131,17 @@ def neuron_architectures() -> tuple[str, ...]:
     return tuple(getattr(plugin, "NEURON_ARCHITECTURES", ()))
 
 
+def neuron_architecture(model: pathlib.Path) -> str:
+    """The plugin's Neuron name for a checkpoint: ``VllmGdnNeuron`` + its config.json architecture."""
+    from vllm_gdn_neuron import plugin
+
+    architecture = json.loads((pathlib.Path(model) / "config.json").read_text())["architectures"][0]
+    names = [name for name, arch in plugin.NEURON_ARCHITECTURES.items() if arch == architecture]
+    if not names:
+        raise ValueError(f"model: the plugin has no Neuron class for architecture {architecture!r}")
+    return names[0]
+
+
 def check_plugin() -> list[Check]:
     if not neuron_devices():
         return [Check("plugin", "SKIP", NO_DEVICE)]
@@ -317,6 +328,8 @@ def served(model: pathlib.Path, config: pathlib.Path, *extra: str, timeout_s: fl
     log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--config", str(config), "--host", "127.0.0.1", "--port", str(port), *extra]
+    if neuron_devices() and "--hf-overrides" not in extra:
+        command += ["--hf-overrides", json.dumps({"architectures": [neuron_architecture(model)]})]
     # Its own process group: the engine's workers stop with it.
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
