@@ -7,8 +7,9 @@ Each check prints one line, ``[PASS]``, ``[FAIL]`` or ``[SKIP]``, its name and w
 - device: ``/dev/neuron*`` nodes and the driver version;
 - packages: the Neuron SDK, vLLM, vllm-neuron and this plugin importable, with versions;
 - plugin: vLLM's platform is Neuron and the plugin's Neuron architectures are registered;
-- ops: every GDN op through the ``nki`` backend on the device against the float64
-  references (``vllm_gdn_neuron.kernels.reference``);
+- ops: every GDN op through the ``nki`` backend, and the Neuron shell's paged ops through
+  ``ops.paged_nki``, on the device against the float64 references
+  (``vllm_gdn_neuron.kernels.reference``);
 - serve: the tiny model served through the OpenAI API on the device, greedy ids equal to
   transformers' on the CPU.
 
@@ -193,6 +194,7 @@ def op_cases(device, backend: str) -> dict:
 
     from vllm_gdn_neuron import ops
     from vllm_gdn_neuron.kernels import reference
+    from vllm_gdn_neuron.ops import paged_nki
 
     def compare(what, actual, expected, dtype):
         expected = expected.double()
@@ -269,8 +271,51 @@ def op_cases(device, backend: str) -> dict:
         o_ref, final_ref = reference.gdn2_recurrence(q, k, v, g, beta, w, lengths, state, use_qk_l2norm=True)
         return [compare("o", o, o_ref, dtype), compare("final state", final, final_ref, dtype)]
 
+    # The Neuron shell's path: the paged ops on page-major caches (ops.paged_nki for nki).
+    paged = paged_nki.select(backend, torch.device(device))
+
+    def paged_decode(dtype):
+        gen = torch.Generator().manual_seed(8)
+        conv, ssm = torch.randn(5, 48, 4, generator=gen), torch.randn(5, 4, 32, 16, generator=gen)
+        conv_dev, ssm_dev = conv.clone().to(device), ssm.clone().to(device)
+        step = ops.DecodeStep.build(torch.tensor([3, 4, 0]).to(device), 4)          # row 1 on pad page 4
+        x, weight = torch.randn(3, 48, generator=gen).to(dtype), torch.randn(48, 4, generator=gen).to(dtype)
+        q, k, v, g, beta = inputs(dtype, 3, seed=9)
+        y = paged.paged_conv1d_decode(*on(x, weight), conv_dev, step).cpu()
+        o = paged.paged_gdn_decode(*on(q, k, v, g, beta), ssm_dev, step, use_qk_l2norm=True).cpu()
+        rows, pages = torch.tensor([0, 2]), torch.tensor([3, 0])
+        y_ref, conv_ref = reference.causal_conv1d_step(x[rows], weight, conv[pages])
+        o_ref, ssm_ref = reference.gdn_recurrence(q[rows], k[rows], v[rows], g[rows], beta[rows], torch.tensor([0, 1, 2]),
+                                                  ssm[pages], use_qk_l2norm=True)
+        return [compare("y", y[rows], y_ref, dtype), compare("o", o[rows], o_ref, dtype),
+                unchanged("padded row", torch.cat([y[1].flatten(), o[1].flatten()]), torch.zeros(48 + 64)),
+                compare("conv pages", conv_dev.cpu()[pages], conv_ref, dtype),
+                compare("ssm pages", ssm_dev.cpu()[pages], ssm_ref, dtype),
+                unchanged("other pages", ssm_dev.cpu()[[1, 2]], ssm[[1, 2]])]
+
+    def paged_prefill(dtype):
+        gen = torch.Generator().manual_seed(10)
+        conv, ssm = torch.randn(5, 48, 4, generator=gen), torch.randn(5, 4, 32, 16, generator=gen)
+        ssm[2] = float("nan")                                            # a fresh sequence's stale page
+        conv_dev, ssm_dev = conv.clone().to(device), ssm.clone().to(device)
+        pages, has_state = torch.tensor([1, 2]), torch.tensor([True, False])
+        step = ops.PrefillStep.build(lengths.to(device), pages.to(device), has_state.to(device), 80)  # 9 padding
+        x, weight = torch.randn(80, 48, generator=gen).to(dtype), torch.randn(48, 4, generator=gen).to(dtype)
+        q, k, v, g, beta = inputs(dtype, 80, seed=11)
+        y = paged.paged_conv1d_prefill(*on(x, weight), conv_dev, step).cpu()
+        o = paged.paged_gdn_prefill(*on(q, k, v, g, beta), ssm_dev, step, use_qk_l2norm=True).cpu()
+        conv0 = torch.stack([conv[1], torch.zeros(48, 4)])
+        ssm0 = torch.stack([ssm[1], torch.zeros(4, 32, 16)])
+        y_ref, conv_ref = reference.causal_conv1d(x[:71], weight, lengths, conv0)
+        o_ref, ssm_ref = reference.gdn_recurrence(q[:71], k[:71], v[:71], g[:71], beta[:71], lengths, ssm0,
+                                                  use_qk_l2norm=True)
+        return [compare("y", y[:71], y_ref, dtype), compare("o", o[:71], o_ref, dtype),
+                unchanged("padding tokens", torch.cat([y[71:].flatten(), o[71:].flatten()]), torch.zeros(9 * (48 + 64))),
+                compare("conv pages", conv_dev.cpu()[pages], conv_ref, dtype),
+                compare("ssm pages", ssm_dev.cpu()[pages], ssm_ref, dtype)]
+
     cases = {}
-    for op in (conv1d_prefill, conv1d_decode, gdn_prefill, gdn_decode, gdn2_prefill):
+    for op in (conv1d_prefill, conv1d_decode, gdn_prefill, gdn_decode, gdn2_prefill, paged_decode, paged_prefill):
         for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             cases[f"{op.__name__}[{label}]"] = (lambda op=op, dtype=dtype: op(dtype))
     return cases
