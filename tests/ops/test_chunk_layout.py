@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 
-from vllm_gdn_neuron.ops.backends.torch.chunk_layout import ChunkLayout, ChunkPlan
+from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.backends.torch.chunk_layout import ChunkLayout, ChunkPlan, longest_first
 
 CHUNK = 8
 
@@ -67,3 +68,18 @@ def test_bucket_plan_bound_is_tight_at_each_step():
         lengths = [step * CHUNK + 1] * width
         exact = ChunkPlan.exact(_bounds(lengths, max_seqs), CHUNK, num_tokens)
         assert exact.widths[step] == width
+
+
+def test_longest_first_is_the_stable_descending_order():
+    gen = torch.Generator().manual_seed(0)
+    for size in (1, 2, 5, 9, 33):
+        for _ in range(20):
+            counts = torch.randint(0, 4, (size,), generator=gen)
+            assert torch.equal(longest_first(counts), torch.argsort(counts, descending=True, stable=True)), counts
+
+
+def test_prefill_step_maps_tokens_to_their_sequences():
+    bounds = torch.tensor([0, 3, 3, 7, 8, 8], dtype=torch.int32)
+    step = ops.PrefillStep.build(bounds, torch.arange(5), torch.zeros(5, dtype=torch.bool), 11)
+    assert step.token_seq.tolist() == [0, 0, 0, 2, 2, 2, 2, 3, 5, 5, 5]
+    assert step.is_real_token.tolist() == [True] * 8 + [False] * 3

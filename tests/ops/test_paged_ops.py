@@ -53,6 +53,7 @@ GDN_CASES = [
     (1, 4, 16, 16, BF16, -1.0, False, F32),
     (2, 2, 8, 24, BF16, -20.0, True, F32),
     (2, 4, 16, 8, F32, -1.0, False, BF16),
+    (2, 4, 64, 64, BF16, -1.0, False, F32),    # real models' head size class (64 / 128)
 ]
 
 
@@ -178,3 +179,42 @@ def test_paged_ops_leave_inputs_unchanged():
     _, ssm = make_caches(step, (1, 1), (2, 8, 8))
     ops.paged_gdn_decode(*inputs, ssm, dec, use_qk_l2norm=True)
     assert all(torch.equal(a, x[n]) for a, n in zip(inputs, names))
+
+
+def test_paged_ops_on_strided_cache_views():
+    # vLLM's mamba cache hands the layer views into one shared buffer per page: the conv and the
+    # recurrent state of a page sit side by side, with bytes of other owners around them.
+    hk, hv, dk, dv, channels, width = 1, 2, 8, 8, 6, 4
+    step = make_step(NUM_DECODES, LENGTHS, HAS_STATE, seed=11)
+    dec, pre = _steps(step, exact_plan=True)
+    conv_size, ssm_size = channels * width, hv * dk * dv
+    buffer = torch.randn(step.num_pages, 3 + conv_size + ssm_size + 5, generator=torch.Generator().manual_seed(12))
+    conv = buffer[:, 3:3 + conv_size].view(step.num_pages, channels, width)
+    ssm = buffer[:, 3 + conv_size:3 + conv_size + ssm_size].view(step.num_pages, hv, dk, dv)
+    assert not conv.is_contiguous() and not ssm.is_contiguous()
+    before, conv_before, ssm_before = buffer.clone(), conv.clone(), ssm.clone()
+    gen = torch.Generator().manual_seed(13)
+    weight = torch.randn(channels, width, generator=gen)
+    x_dec, x_pre = torch.randn(dec.num_rows, channels, generator=gen), torch.randn(step.num_tokens, channels, generator=gen)
+    rows = make_gdn_inputs([1] * dec.num_rows, hk, hv, dk, dv, with_state=False, seed=14)
+    prompts = make_gdn_inputs(LENGTHS + [5], hk, hv, dk, dv, with_state=False, seed=15)
+    names = ("q", "k", "v", "g", "beta")
+
+    y_dec = ops.paged_conv1d_decode(x_dec, weight, conv, dec)
+    y_pre = ops.paged_conv1d_prefill(x_pre, weight, conv, pre)
+    o_dec = ops.paged_gdn_decode(*(rows[n] for n in names), ssm, dec, use_qk_l2norm=True)
+    o_pre = ops.paged_gdn_prefill(*(prompts[n] for n in names), ssm, pre, use_qk_l2norm=True)
+
+    real, live = sum(LENGTHS), step.decode_pages[step.decode_real]
+    assert_matches(y_dec[step.decode_real], reference_conv_decode(x_dec, weight, conv_before, step)[0], F32, "conv decode")
+    assert_matches(y_pre[:real], reference_conv_prefill(x_pre, weight, conv_before, step)[0], F32, "conv prefill")
+    ref_o, ref_state = reference_gdn_decode(*(rows[n] for n in names), ssm_before, step, use_qk_l2norm=True)
+    assert_matches(o_dec[step.decode_real], ref_o, F32, "gdn decode")
+    assert_matches(ssm[live], ref_state, F32, "gdn decode states")
+    ref_o, ref_state = reference_gdn_prefill(*(prompts[n] for n in names), ssm_before, step, use_qk_l2norm=True)
+    assert_matches(o_pre[:real], ref_o, F32, "gdn prefill")
+    assert_matches(ssm[step.prefill_pages[:len(LENGTHS)]], ref_state, F32, "gdn prefill states")
+    outside = torch.ones_like(buffer, dtype=torch.bool)
+    outside[:, 3:3 + conv_size + ssm_size] = False
+    assert torch.equal(buffer[outside], before[outside]), "bytes outside the cache views changed"
+    _assert_only_live_changed(before, buffer, step, "buffer")

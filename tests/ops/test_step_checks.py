@@ -132,3 +132,28 @@ def test_bad_paged_op_argument_is_a_value_error_and_no_cache_is_written(op, buil
     for piece in pieces:
         assert piece in str(error.value), (piece, str(error.value))
     assert torch.equal(cache, before)
+
+
+BUILD = dict(query_start_loc=torch.tensor([0, 4, 9]), pages=torch.tensor([2, 7]), has_state=torch.tensor([True, False]),
+             num_tokens=12)
+BAD_BUILDS = {
+    "qsl-length": ("query_start_loc", torch.tensor([0, 4]), ["query_start_loc:", "S+1=3", "(2,)"]),
+    "qsl-dtype": ("query_start_loc", torch.tensor([0.0, 4.0, 9.0]), ["query_start_loc:", "int32 or int64"]),
+    "pages-rank": ("pages", torch.tensor([[2, 7]]), ["pages:", "1 dims"]),
+    "has-state-dtype": ("has_state", torch.tensor([1, 0]), ["has_state:", "bool", "int64"]),
+    "num-tokens": ("num_tokens", -1, ["num_tokens:", "int >= 0", "-1"]),
+}
+
+
+@pytest.mark.parametrize("name, value, pieces", BAD_BUILDS.values(), ids=BAD_BUILDS.keys())
+def test_bad_prefill_step_build_is_a_value_error_naming_it(name, value, pieces):
+    args = dict(BUILD, **{name: value})
+    with pytest.raises(ValueError) as error:
+        ops.PrefillStep.build(**args)
+    for piece in pieces:
+        assert piece in str(error.value), (piece, str(error.value))
+
+
+def test_bad_decode_step_build_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match="pages: expected dtype int32 or int64, got torch.float32"):
+        ops.DecodeStep.build(torch.tensor([1.0, 2.0]), PAD)

@@ -9,24 +9,15 @@ from .dispatch import select_backend
 from .validation import (
     ACTIVATION_DTYPES,
     check_choice,
+    check_conv_weight,
     check_cu_seqlens,
     check_same_device,
     check_state_indices,
     check_tensor,
+    conv_state_dtypes,
 )
 
 ACTIVATIONS = ("silu", None)
-
-
-def _check_weight(weight, channels):
-    _, width = check_tensor("weight", weight, (("C", channels), ("K", None)), ACTIVATION_DTYPES)
-    if width < 1:
-        raise ValueError(f"weight: expected a kernel width K >= 1, got {width}")
-    return width
-
-
-def _state_dtypes(x):
-    return (torch.float32,) if x.dtype == torch.float32 else (torch.float32, x.dtype)
 
 
 def conv1d_prefill(x, weight, cu_seqlens, *, initial_state=None, activation="silu", backend="auto"):
@@ -52,11 +43,11 @@ def conv1d_prefill(x, weight, cu_seqlens, *, initial_state=None, activation="sil
         in front).
     """
     tokens, channels = check_tensor("x", x, (("T", None), ("C", None)), ACTIVATION_DTYPES)
-    width = _check_weight(weight, channels)
+    width = check_conv_weight(weight, channels)
     bounds = check_cu_seqlens(cu_seqlens, tokens)
     if initial_state is not None:
         check_tensor("initial_state", initial_state, (("N", bounds.numel() - 1), ("C", channels), ("K", width)),
-                     _state_dtypes(x))
+                     conv_state_dtypes(x))
     check_choice("activation", activation, ACTIVATIONS)
     device = check_same_device(x=x, weight=weight, initial_state=initial_state)
     module = select_backend(backend, "conv1d_prefill", device)
@@ -80,8 +71,8 @@ def conv1d_decode(x, weight, state, state_indices, *, activation="silu", backend
         ``y``: ``[N, C]`` in x's dtype.
     """
     rows, channels = check_tensor("x", x, (("N", None), ("C", None)), ACTIVATION_DTYPES)
-    width = _check_weight(weight, channels)
-    check_tensor("state", state, (("num_slots", None), ("C", channels), ("K", width)), _state_dtypes(x))
+    width = check_conv_weight(weight, channels)
+    check_tensor("state", state, (("num_slots", None), ("C", channels), ("K", width)), conv_state_dtypes(x))
     check_choice("activation", activation, ACTIVATIONS)
     device = check_same_device(x=x, weight=weight, state=state)
     indices, keep = check_state_indices(state_indices, rows, state.shape[0], device)

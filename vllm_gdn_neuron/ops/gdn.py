@@ -9,11 +9,10 @@ import torch
 
 from .dispatch import select_backend
 from .validation import (
-    ACTIVATION_DTYPES,
     check_choice,
     check_cu_seqlens,
     check_decay,
-    check_heads,
+    check_qkv,
     check_same_device,
     check_state_indices,
     check_tensor,
@@ -22,16 +21,6 @@ from .validation import (
 
 F32 = (torch.float32,)
 STATE_LAYOUTS = ("kv", "vk")
-
-
-def _check_qkv(q, k, v, rows_label):
-    """q, k ``[rows, Hk, Dk]``, v ``[rows, Hv, Dv]``, one activation dtype; returns the sizes."""
-    rows, num_k_heads, dim_k = check_tensor("q", q, ((rows_label, None), ("Hk", None), ("Dk", None)),
-                                            ACTIVATION_DTYPES)
-    check_tensor("k", k, ((rows_label, rows), ("Hk", num_k_heads), ("Dk", dim_k)), (q.dtype,))
-    _, num_v_heads, dim_v = check_tensor("v", v, ((rows_label, rows), ("Hv", None), ("Dv", None)), (q.dtype,))
-    check_heads(num_k_heads, num_v_heads)
-    return rows, num_k_heads, dim_k, num_v_heads, dim_v
 
 
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, *, initial_state=None, scale=None, use_qk_l2norm=False,
@@ -55,7 +44,7 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, *, initial_state=None, scale=None,
     Returns:
         ``(o, final_state)``: ``[T, Hv, Dv]`` in q's dtype, ``[N, Hv, Dk, Dv]`` float32.
     """
-    tokens, _, dim_k, num_v_heads, dim_v = _check_qkv(q, k, v, "T")
+    tokens, _, dim_k, num_v_heads, dim_v = check_qkv(q, k, v, "T")
     check_tensor("g", g, (("T", tokens), ("Hv", num_v_heads)), F32)
     check_tensor("beta", beta, (("T", tokens), ("Hv", num_v_heads)), F32)
     bounds = check_cu_seqlens(cu_seqlens, tokens)
@@ -84,7 +73,7 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, *, scale=None, use_qk_l2n
     Returns:
         ``o``: ``[N, Hv, Dv]`` in q's dtype.
     """
-    rows, _, dim_k, num_v_heads, dim_v = _check_qkv(q, k, v, "N")
+    rows, _, dim_k, num_v_heads, dim_v = check_qkv(q, k, v, "N")
     check_tensor("g", g, (("N", rows), ("Hv", num_v_heads)), F32)
     check_tensor("beta", beta, (("N", rows), ("Hv", num_v_heads)), F32)
     check_tensor("state", state, (("num_slots", None), ("Hv", num_v_heads), ("Dk", dim_k), ("Dv", dim_v)), F32)
@@ -120,7 +109,7 @@ def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, *, initial_state=None, scale=N
     Returns:
         ``(o, final_state)``: ``[T, Hv, Dv]`` in q's dtype, final state float32 in ``state_layout``.
     """
-    tokens, _, dim_k, num_v_heads, dim_v = _check_qkv(q, k, v, "T")
+    tokens, _, dim_k, num_v_heads, dim_v = check_qkv(q, k, v, "T")
     check_tensor("g", g, (("T", tokens), ("Hv", num_v_heads), ("Dk", dim_k)), F32)
     check_tensor("beta", beta, (("T", tokens), ("Hv", num_v_heads), ("Dk", dim_k)), F32)
     if w is not None:

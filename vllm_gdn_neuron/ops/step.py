@@ -16,6 +16,7 @@ import torch
 
 from .backends.torch.chunk_layout import ChunkLayout, ChunkPlan
 from .backends.torch.chunked import GDN_CHUNK_SIZE
+from .validation import INDEX_DTYPES, check_tensor
 
 
 @dataclass
@@ -36,6 +37,7 @@ class DecodeStep:
             pages: ``[N]`` int32 or int64 cache page of each row.
             pad_page: the reserved page of padding rows, or None when no row is padding.
         """
+        check_tensor("pages", pages, (("N", None),), INDEX_DTYPES)
         pages = pages.to(torch.int64)
         is_real = torch.ones_like(pages, dtype=torch.bool) if pad_page is None else pages != pad_page
         return cls(pages, is_real)
@@ -78,15 +80,23 @@ class PrefillStep:
             exact_plan: plan the chunk scan from the host values of ``query_start_loc`` (tight;
                 eager callers only) instead of from the bucket (T, S) (trace-safe).
         """
+        (num_seqs,) = check_tensor("pages", pages, (("S", None),), INDEX_DTYPES)
+        check_tensor("query_start_loc", query_start_loc, (("S+1", num_seqs + 1),), INDEX_DTYPES)
+        check_tensor("has_state", has_state, (("S", num_seqs),), (torch.bool,))
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: expected an int >= 0, got {num_tokens!r}")
         bounds = query_start_loc.to(torch.int64)
         device = bounds.device
         tokens = torch.arange(num_tokens, dtype=torch.int64, device=device)
-        token_seq = torch.searchsorted(bounds[1:], tokens, right=True)
+        # Sequence of token t = how many sequences end at or before t (a cumsum of end marks).
+        ends = torch.zeros(num_tokens + 1, dtype=torch.int64, device=device)
+        ends.index_add_(0, bounds[1:].clamp(max=num_tokens), torch.ones_like(bounds[1:]))
+        token_seq = ends.cumsum(0)[:num_tokens]
         if exact_plan:
             plan = ChunkPlan.exact(bounds.cpu(), GDN_CHUNK_SIZE, num_tokens)
         else:
-            plan = ChunkPlan.bucket(num_tokens, pages.shape[0], GDN_CHUNK_SIZE)
-        return cls(bounds, pages.to(torch.int64), has_state.to(torch.bool), num_tokens, token_seq,
+            plan = ChunkPlan.bucket(num_tokens, num_seqs, GDN_CHUNK_SIZE)
+        return cls(bounds, pages.to(torch.int64), has_state, num_tokens, token_seq,
                    tokens < bounds[-1], ChunkLayout(bounds, GDN_CHUNK_SIZE, device, plan))
 
     @property

@@ -56,6 +56,33 @@ def check_heads(num_k_heads, num_v_heads):
         raise ValueError(f"v: expected Hv to be a multiple of Hk = {num_k_heads}, got Hv = {num_v_heads}")
 
 
+def check_qkv(q, k, v, rows_label, rows=None):
+    """q, k ``[rows, Hk, Dk]``, v ``[rows, Hv, Dv]`` in one activation dtype, ``Hv % Hk == 0``.
+
+    Returns:
+        ``(rows, Hk, Dk, Hv, Dv)``.
+    """
+    rows, num_k_heads, dim_k = check_tensor("q", q, ((rows_label, rows), ("Hk", None), ("Dk", None)),
+                                            ACTIVATION_DTYPES)
+    check_tensor("k", k, ((rows_label, rows), ("Hk", num_k_heads), ("Dk", dim_k)), (q.dtype,))
+    _, num_v_heads, dim_v = check_tensor("v", v, ((rows_label, rows), ("Hv", None), ("Dv", None)), (q.dtype,))
+    check_heads(num_k_heads, num_v_heads)
+    return rows, num_k_heads, dim_k, num_v_heads, dim_v
+
+
+def check_conv_weight(weight, channels):
+    """The depthwise conv kernel ``[C, K]``, K >= 1; returns K."""
+    _, width = check_tensor("weight", weight, (("C", channels), ("K", None)), ACTIVATION_DTYPES)
+    if width < 1:
+        raise ValueError(f"weight: expected a kernel width K >= 1, got {width}")
+    return width
+
+
+def conv_state_dtypes(x):
+    """Conv states may be float32 or the activation dtype of ``x``."""
+    return (torch.float32,) if x.dtype == torch.float32 else (torch.float32, x.dtype)
+
+
 def check_cu_seqlens(cu_seqlens, num_tokens):
     """Validate packed-sequence boundaries; returns them as an int64 CPU tensor."""
     check_tensor("cu_seqlens", cu_seqlens, (("N+1", None),), INDEX_DTYPES)

@@ -41,6 +41,8 @@ Functions
     q, k ``[T, Hk, Dk]``; v ``[T, Hv, Dv]``; g, beta ``[T, Hv]``;
     initial_state ``[N, Hv, Dk, Dv]`` or None.
     Returns ``(o [T, Hv, Dv], final_state [N, Hv, Dk, Dv])``.
+    The torch backend's also takes ``layout=``, a prebuilt ``ChunkLayout`` (then ``cu_seqlens``
+    is not read): the trace-safe paged ops (``vllm_gdn_neuron.ops.paged``) plan it per step.
 ``gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm)``
     q, k ``[N, Hk, Dk]``; v ``[N, Hv, Dv]``; g, beta ``[N, Hv]``;
     state ``[num_slots, Hv, Dk, Dv]`` (rows ``state_indices`` advanced one token in place).

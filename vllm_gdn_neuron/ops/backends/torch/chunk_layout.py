@@ -12,7 +12,7 @@ sequences that have a chunk there (no wasted chunk); ``ChunkPlan.bucket`` needs 
 token count T and sequence count S and bounds every width (at step j at most
 ``min(S, T // (j * C + 1))`` sequences can still have a chunk), so one plan serves every batch
 composition of the bucket. Given a plan, the layout itself is built by static-shape tensor
-arithmetic on the device (no host read): the same code runs eagerly and inside
+arithmetic on the device (no host read, no sort): the same code runs eagerly and inside
 ``torch.compile(fullgraph=True)``. A rank with no chunk at a step gets an all-padding chunk,
 which leaves its state exactly unchanged.
 """
@@ -69,6 +69,18 @@ class ChunkPlan:
         return cls(num_tokens, chunk_size, widths if max_seqs else ())
 
 
+def longest_first(counts):
+    """The stable descending order of ``counts [N]`` (int64): ``[N]`` index of each rank.
+
+    By pairwise comparisons and sums only (no sort), which any tracer and compiler lowers:
+    the rank of i is the number of entries that go before it.
+    """
+    index = torch.arange(counts.shape[0], device=counts.device)
+    ahead = (counts[None, :] > counts[:, None]) | ((counts[None, :] == counts[:, None]) & (index[None, :] < index[:, None]))
+    rank = ahead.sum(1)
+    return ((rank[None, :] == index[:, None]) * index[None, :]).sum(1)
+
+
 class ChunkLayout:
     """Where each chunk's tokens come from.
 
@@ -104,7 +116,7 @@ class ChunkLayout:
         self.padded_chunks = plan.padded
         lengths = bounds[1:] - bounds[:-1]
         chunks_per_seq = (lengths + chunk_size - 1) // chunk_size
-        self.order = torch.argsort(chunks_per_seq, descending=True, stable=True)
+        self.order = longest_first(chunks_per_seq)
         self.steps, offset, ranks, step_of_row = [], 0, [], []
         for step, width in enumerate(plan.widths):
             self.steps.append((offset, width))
