@@ -1,16 +1,17 @@
 """Modeled trn2 time of the NKI kernels, from the NKI interpreter's cost model (not a measurement).
 
 Every kernel runs in the CPU interpreter (``kernels/interp``) under ``cost.record()``; the
-model (``kernels/interp/cost.py``, constants in ``kernels/interp/README.md``) schedules the
+model (``kernels/interp/cost.py``, constants and their sources in ``docs/kernels/interpreter.md``) schedules the
 recorded instructions on one NeuronCore-v3's engines. Printed per kernel: modeled time,
 the TensorE and HBM roofline shares (roofline time / modeled time: how close the kernel
 comes to the bound that applies to it), TensorE utilisation against the bf16 peak, per-engine
 busy shares, and the busiest engine. Then gdn_cte "schur" against "neumann" at
-S = 128 .. 4096 next to the documented claim (gdn-math.md / issue 5: schur 1.8x faster at
-S = 128, ~3.7x at S >= 2048), and schur's group_size sweep at S = 2048.
+S = 128 .. 4096 next to the project's design targets (schur 1.8x faster at S = 128, ~3.7x
+at S >= 2048), and schur's group_size sweep at S = 2048.
 
-Targets (issue 5, modeled): schur >= 60 % of the TensorE roofline at S >= 2048; conv1d
-prefill >= 70 % of the HBM roofline.
+Targets (modeled): schur >= 60 % of the TensorE roofline at S >= 2048; conv1d prefill >= 70 %
+of the HBM roofline. Each row also gives the program size (instructions the compiler
+schedules; device loops counted once) next to the instructions executed.
 
     python benchmarks/bench_kernels_trn2_model.py            # ~1-2 minutes on 2 cores
     python benchmarks/bench_kernels_trn2_model.py --quick    # smaller shapes, seconds
@@ -34,7 +35,7 @@ from vllm_gdn_neuron.kernels.recurrent_step import gdn_recurrent_step  # noqa: E
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
-CLAIM = {128: 1.8, 2048: 3.7, 4096: 3.7}  # documented schur-over-neumann speed-up
+CLAIM = {128: 1.8, 2048: 3.7, 4096: 3.7}  # the design target for the schur-over-neumann speed-up
 DIM = 128
 
 
@@ -88,7 +89,7 @@ def kernel_cases(quick):
 def kernel_table(cases):
     print("Per kernel (modeled trn2, one NeuronCore-v3; shares = roofline time / modeled time)")
     header = (f"{'kernel':<44} {'modeled us':>10} {'TensorE rf':>10} {'HBM rf':>7} {'TE util':>7}  "
-              + " ".join(f"{e:>6}" for e in ENGINES) + "  limiter")
+              + " ".join(f"{e:>6}" for e in ENGINES) + "  limiter  instr (program)")
     print(header)
     rows = []
     for name, fn in cases:
@@ -97,13 +98,14 @@ def kernel_table(cases):
         rows.append((name, r))
         print(f"{name:<44} {r.modeled_time_s * 1e6:10.2f} {r.tensor_roofline_s / r.modeled_time_s:10.1%} "
               f"{r.hbm_roofline_s / r.modeled_time_s:7.1%} {r.tensor_utilisation:7.1%}  "
-              + " ".join(f"{r.engine_busy_share[e]:6.1%}" for e in ENGINES) + f"  {busiest}")
+              + " ".join(f"{r.engine_busy_share[e]:6.1%}" for e in ENGINES)
+              + f"  {busiest:<7}  {r.instructions} ({r.static_instructions})")
     return rows
 
 
 def schur_vs_neumann(lengths):
     print("\ngdn_cte schur vs neumann (modeled trn2, H=1, D=128, bf16; speed-up = neumann / schur)")
-    print(f"{'S':>6} {'schur us':>10} {'neumann us':>11} {'speed-up':>9} {'claim':>6} {'schur TensorE rf':>17}")
+    print(f"{'S':>6} {'schur us':>10} {'neumann us':>11} {'speed-up':>9} {'target':>6} {'schur TensorE rf':>17}")
     rows = []
     for s in lengths:
         schur, neumann = modeled(gdn_cte_case(s, "schur")), modeled(gdn_cte_case(s, "neumann"))
@@ -125,7 +127,7 @@ def group_sweep(s, sizes):
 
 def targets(kernel_rows, quick):
     """The issue's modeled targets, each with the figure reached (the quick shapes are too small to judge)."""
-    print("\nTargets (issue 5, modeled)" + ("  [--quick shapes: not representative]" if quick else ""))
+    print("\nTargets (modeled)" + ("  [--quick shapes: not representative]" if quick else ""))
     shares = {name.split()[0] + " " + name.split()[1]: r for name, r in kernel_rows}
     schur = shares["gdn_cte schur"]
     checks = [
@@ -154,7 +156,7 @@ def plot(kernel_rows, ratio_rows, path):
     left.set_ylabel("modeled trn2 time (us)")
     twin = left.twinx()
     twin.plot(lengths, [r[3] for r in ratio_rows], "k--", label="speed-up (modeled)")
-    twin.plot(list(CLAIM), list(CLAIM.values()), "r*", markersize=10, label="documented claim")
+    twin.plot(list(CLAIM), list(CLAIM.values()), "r*", markersize=10, label="design target")
     twin.set_ylabel("neumann / schur")
     left.legend(loc="upper left")
     twin.legend(loc="lower right")

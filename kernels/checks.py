@@ -83,8 +83,8 @@ def check_token_major_qkv(names, query, key, value, rows, max_head_dim):
 
 
 def check_slots(name, slots, num_slots, count):
-    """``slots``: a sequence of ``count`` distinct ints in ``[0, num_slots)``."""
-    slots = [int(s) for s in slots]
+    """``slots``: ``count`` distinct ints in ``[0, num_slots)`` (a sequence, or a tensor read on the host)."""
+    slots = [int(s) for s in (slots.tolist() if hasattr(slots, "tolist") else slots)]
     if len(slots) != count:
         raise ValueError(f"{name} must hold {count} slot indices (one per sequence), got {len(slots)}")
     bad = [s for s in slots if not 0 <= s < num_slots]

@@ -97,8 +97,8 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
         e_levels = ch.e_t.ap(pattern=[[chunk, chunk], [0, levels], [1, chunk]])
         ch.e_t = tl.binary(e_levels, masks.levels(first_level, last + 1), nl.multiply, dtype=dtype)
         start_t, start_t_t = (eye, eye) if ch.t is None else (ch.t, ch.t_t)
-        nisa.activation(dst=t_all[:, i, :], op=nl.copy, data=start_t)
-        nisa.activation(dst=t_t_all[:, i, :], op=nl.copy, data=start_t_t)
+        nisa.tensor_copy(dst=t_all[:, i, :], src=start_t, engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=t_t_all[:, i, :], src=start_t_t, engine=nisa.engine.gpsimd)
     for level in range(first_level, last + 1):
         block = 2**level
         y_all = tl.sbuf((chunk, group, chunk), dtype)
@@ -127,16 +127,20 @@ def schur_levels(chunks, masks, first_level, chunk, dtype=nl.float32):
         ch.t_t = t_t_all[:, i, :]
 
 
-def advance(ch, state, scale, cdt, out_dtype):
-    """One chunk's output tile (``[C, Dv]`` in ``out_dtype``) and the next state (``[Dk, Dv]`` fp32).
+def advance(ch, state, scale, cdt, out_dtype, zero_state=False):
+    """One chunk's output tile (``[C, Dv]`` in ``out_dtype``); ``state`` (``[Dk, Dv]`` fp32) advanced in place.
 
     ``ch`` carries ``u`` (``[C, Dv]`` fp32), ``w_t`` (``[Dk, C]``, cdt), ``q_g_t`` (``[Dk, C]``,
     cdt), ``p_t`` (``[C, C]`` fp32), ``k_decay`` (``[C, Dk]`` fp32) and ``state_decay``
-    (``[Dk, 1]``). ``state`` None means zero: no load and no state terms. Computes
-    ``V' = U - W S``, ``O = scale (e^G Q S + P V')`` (one PSUM accumulation) and
-    ``S <- e^{G_C} S + (e^{G_C - G} K)^T V'``.
+    (``[Dk, 1]``). Computes ``V' = U - W S``, ``O = scale (e^G Q S + P V')`` (one PSUM
+    accumulation) and ``S <- e^{G_C} S + (e^{G_C - G} K)^T V'``, the last into ``state``
+    itself, so the state is one tile for the whole sequence (what a device loop over chunk
+    groups needs: its body rewrites the tile instead of rebinding a name).
+
+    ``zero_state``: the state is known to be zero (a sequence's first chunk without an
+    incoming state): no state terms, and ``state`` is written, not read.
     """
-    if state is None:
+    if zero_state:
         v_new = ch.u
         o = tl.matmul(ch.p_t, v_new)
     else:
@@ -146,6 +150,9 @@ def advance(ch, state, scale, cdt, out_dtype):
         tl.matmul_accumulate(o, ch.p_t, v_new)
     out = tl.scaled_copy(o, scale, dtype=out_dtype)
     update = tl.matmul(ch.k_decay, v_new)
-    if state is None:
-        return out, tl.copy(update)
-    return out, tl.scalar_tensor(state, nl.multiply, ch.state_decay, nl.add, update)
+    if zero_state:
+        nisa.tensor_copy(dst=state, src=update)
+    else:
+        nisa.scalar_tensor_tensor(dst=state, data=state, op0=nl.multiply, operand0=ch.state_decay, op1=nl.add,
+                                  operand1=update)
+    return out

@@ -6,7 +6,7 @@ mirror: ``conv1d_torch.py``.
 Channels sit on the partition axis in 128-wide tiles, time on the free axis. Prefill works
 on time tiles of up to ``TIME_TILE`` tokens, each extended on the left by the ``K - 1`` raw
 inputs before it (from the incoming conv state for the first tile, zeros without one):
-``out[:, t] = act(sum_j w[:, j] * x_ext[:, t + j])``, one ScalarE multiply for the first tap
+``out[:, t] = act(sum_j w[:, j] * x_ext[:, t + j])``, one GpSimd multiply for the first tap
 and one fused VectorE multiply-add (``scalar_tensor_tensor``) per further tap, then the
 activation on ScalarE. The new conv state is the last ``K`` columns of the extended input
 (for a sequence shorter than ``K``, the tail of the incoming state stays in front).
@@ -30,8 +30,14 @@ ACTIVATIONS = ("silu", None)
 
 
 def _taps(x_ext, weight, length):
-    """``sum_j weight[:, j] * x_ext[:, j:j + length]`` in fp32 (``x_ext`` is ``K - 1`` columns longer)."""
-    acc = tl.activation(x_ext[:, 0:length], nl.copy, scale=weight[:, 0:1])
+    """``sum_j weight[:, j] * x_ext[:, j:j + length]`` in fp32 (``x_ext`` is ``K - 1`` columns longer).
+
+    The first tap runs on GpSimd, the others as fused multiply-adds on VectorE, leaving ScalarE
+    to the activation: the three engines then pipeline across tiles.
+    """
+    acc = tl.sbuf((x_ext.shape[0], length))
+    nisa.tensor_scalar(dst=acc, data=x_ext[:, 0:length], op0=nl.multiply, operand0=weight[:, 0:1],
+                       engine=nisa.engine.gpsimd)
     for j in range(1, weight.shape[1]):
         acc = tl.scalar_tensor(x_ext[:, j:j + length], nl.multiply, weight[:, j:j + 1], nl.add, acc)
     return acc
@@ -63,6 +69,9 @@ def conv1d_prefill_kernel(mixed, conv_weight, conv_cache, slots, seq_lens, activ
     x_dtype = mixed.dtype if not initial_state or conv_cache.dtype == mixed.dtype else nl.float32
     slot_tile = tl.load(slots)
     lens = tl.load(seq_lens)
+    # the zero halo of a new sequence is copied by DMA (out of order), not memset on an engine
+    # queue where it would wait behind the previous tile's compute
+    zeros = tl.filled((PARTITIONS, halo if halo else 1), 0.0, x_dtype)
     for c0 in range(0, channels, PARTITIONS):
         size = min(PARTITIONS, channels - c0)
         rows = nl.ds(c0, size)
@@ -78,7 +87,7 @@ def conv1d_prefill_kernel(mixed, conv_weight, conv_cache, slots, seq_lens, activ
                 elif halo and initial_state:
                     nisa.dma_copy(dst=x_ext[:, 0:halo], src=conv_cache[slot, rows, 1:width])
                 elif halo:
-                    nisa.memset(dst=x_ext[:, 0:halo], value=0.0, engine=nisa.engine.gpsimd)
+                    nisa.dma_copy(dst=x_ext[:, 0:halo], src=zeros[0:size, :])
                 nisa.dma_copy(dst=x_ext[:, halo:halo + length], src=mixed[b, rows, t0:t0 + length])
                 tl.store(out[b, rows, t0:t0 + length], _activate(_taps(x_ext, weight, length), activation, mixed.dtype))
                 # the new state is x_ext[:, len - 1 - t0 :][:K] in the one time tile that holds it;
@@ -197,7 +206,7 @@ def gdn_conv1d_prefill(mixed, conv_weight, conv_state=None, activation="silu", s
         if conv_state is None:
             raise ValueError("state_slots needs conv_state (the conv cache [pages, C, K] the slots index)")
         check_shape("conv_state", conv_state, (conv_state.shape[0], channels, width), "[pages, C, K]")
-        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+        check_slots("state_slots", state_slots,
                     conv_state.shape[0], b_size)
     elif conv_state is not None:
         check_shape("conv_state", conv_state, (b_size, channels, width), "[B, C, K]")
@@ -243,7 +252,7 @@ def gdn_conv1d_decode(x, conv_state, conv_weight, activation="silu", state_slots
         check_shape("conv_state", conv_state, (b_size, channels, width), "[B, C, K]")
     else:
         check_shape("conv_state", conv_state, (conv_state.shape[0], channels, width), "[pages, C, K]")
-        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+        check_slots("state_slots", state_slots,
                     conv_state.shape[0], b_size)
     check_dtype("conv_state", conv_state, FLOAT_DTYPES)
     cache = _copy_of(conv_state) if state_slots is None else conv_state

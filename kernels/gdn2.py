@@ -98,10 +98,10 @@ def _prepare_chunk(q, k, v, g_gate, beta, w, n_tok, h, hk, masks, upper, ones_co
     e_t, p_t = _pairwise(g, k_t, tl.transpose(bk), tl.transpose(qt), masks, upper, length, chunk)
     ch.e_t = e_t
     ch.p_t = p_t
-    e_g = tl.activation(tl.matmul(upper, g), nl.exp)                          # [t, d] e^{G_td}
+    e_g = tl.activation(tl.mask_matmul(upper, g), nl.exp)                          # [t, d] e^{G_td}
     ch.kg = tl.binary(bk, e_g, nl.multiply)
     ch.q_g_t = tl.transpose(tl.binary(qt, e_g, nl.multiply))
-    to_end = tl.activation(tl.matmul(masks.plane(STRICT_LOWER), g), nl.exp)    # e^{G_C - G_t} per channel
+    to_end = tl.activation(tl.mask_matmul(masks.plane(STRICT_LOWER), g), nl.exp)    # e^{G_C - G_t} per channel
     ch.k_decay = tl.binary(kt, to_end, nl.multiply)
     ch.state_decay = tl.activation(tl.matmul(g, ones_col), nl.exp)            # [Dk, 1] e^{G_C}
     ch.beta = ones_col                                                        # beta already inside A
@@ -133,16 +133,16 @@ def gdn2_kernel(q, k, v, g, beta, w, mask_pack, initial_state=None, cu_seqlens=(
     ones_col = tl.filled((chunk, 1), 1.0)
     for n in range(n_seq):
         for h in range(hv_size):
-            state = None if initial_state is None else tl.load(initial_state[n, h])
+            state = tl.filled((dk, dv), 0.0) if initial_state is None else tl.load(initial_state[n, h])
+            fresh = initial_state is None
             for n_tok in _chunks_of(cu_seqlens[n], cu_seqlens[n + 1], chunk):
                 ch = _prepare_chunk(q, k, v, g, beta, w, n_tok, h, h // ratio, masks, upper, ones_col, chunk)
                 schur_levels([ch], masks, 0, chunk)
                 ch.u = tl.copy(tl.matmul(ch.t_t, ch.wv))
                 ch.w_t = tl.copy(tl.matmul(ch.kg, ch.t_t))
-                o, state = advance(ch, state, scale, nl.float32, q.dtype)
+                o = advance(ch, state, scale, nl.float32, q.dtype, fresh)
+                fresh = False
                 tl.store(out[nl.ds(ch.start, ch.length), h, :], o[0:ch.length, :])
-            if state is None:
-                state = tl.filled((dk, dv), 0.0)
             tl.store(final[n, h], state)
     return out, final
 

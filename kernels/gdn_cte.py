@@ -36,7 +36,7 @@ ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
 NEUMANN_FIRST_SCHUR_LEVEL = 4  # the 16 x 16 blocks come from Neumann products; levels 16, 32 remain
 MAX_HEAD_DIM = 128
-L2NORM_EPS = 1e-6  # x * rsqrt(sum(x^2) + eps), gdn-math.md section 1
+L2NORM_EPS = 1e-6  # x * rsqrt(sum(x^2) + eps), docs/gdn-math.md section 1
 MAX_GROUP_SIZE = 16  # 16 chunks in flight: ~136 KiB of 192 KiB SBUF per partition at Dk = Dv = 128, fp32
 
 
@@ -70,17 +70,17 @@ def _prepare_chunk(query, key, value, g_log, beta, b, h, hk, c0, chunk, masks, o
     upper = masks.plane(UPPER)
 
     g_up = tl.scalar(upper, nl.multiply, g)                                    # [t, r] g_t [t <= r]
-    decay_t = tl.activation(tl.matmul(masks.plane(STRICT_LOWER), g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
-    g_cum = tl.copy(tl.matmul(upper, g))                                       # [C, 1]  G_s
-    g_rows = tl.scaled_copy(tl.matmul(ones, g_up))                             # [max(C, Dk), C]  G_r per row
+    decay_t = tl.activation(tl.mask_matmul(masks.plane(STRICT_LOWER), g_up), nl.exp)  # [s, r] exp(sum_{s<t<=r} g)
+    g_cum = tl.copy(tl.mask_matmul(upper, g))                                  # [C, 1]  G_s
+    g_rows = tl.scaled_copy(tl.mask_matmul(ones, g_up))                        # [max(C, Dk), C]  G_r per row
     ch.e_t = tl.binary(tl.matmul(k_t, k_t), tl.binary(decay_t, masks.plane(STRICT_UPPER), nl.multiply),
                        nl.multiply)
     ch.p_t = tl.binary(tl.matmul(k_t, q_t), tl.binary(decay_t, upper, nl.multiply), nl.multiply)
 
     e_g = tl.activation(g_cum, nl.exp)
-    ch.k_decay = tl.scaled_copy(k, decay_t[:, chunk - 1:chunk])                # e^{G_C - G_s} k_s
-    ch.kb = tl.scaled_copy(k, tl.binary(ch.beta, e_g, nl.multiply), dtype=cdt)
-    ch.bv = tl.scaled_copy(v, ch.beta, dtype=cdt)
+    ch.k_decay = tl.gpsimd_scaled(k, decay_t[:, chunk - 1:chunk])               # e^{G_C - G_s} k_s
+    ch.kb = tl.gpsimd_scaled(k, tl.binary(ch.beta, e_g, nl.multiply), dtype=cdt)
+    ch.bv = tl.gpsimd_scaled(v, ch.beta, dtype=cdt)
     ch.q_g_t = tl.binary(q_t, tl.activation(g_rows[0:dk, :], nl.exp), nl.multiply, dtype=cdt)
     ch.state_decay = tl.activation(g_rows[0:dk, chunk - 1:chunk], nl.exp)     # [Dk, 1]  e^{G_C}
     ch.t = None  # schur_levels starts from the identity
@@ -120,30 +120,55 @@ def _finish_chunk(ch, cdt):
     ch.kb = None
 
 
-def _head(query, key, value, g_log, beta, out, state_cache, slot, b, h, hk, masks, ones, eps, scale, algorithm,
-          group, initial):
-    """The whole sequence ``b`` of value head ``h``: chunks prepared ``group`` at a time, inverted, then
-    advanced in order; the state comes from / goes back to row ``slot`` of ``state_cache``."""
-    s_len = query.shape[2]
+def _group(query, key, value, g_log, beta, out, state, b, h, hk, first_token, count, masks, ones, eps, scale,
+           algorithm, zero_state=False):
+    """``count`` consecutive chunks from token ``first_token`` of sequence ``b``, value head ``h``:
+    prepared, inverted together, then advanced in order on ``state`` (updated in place;
+    ``zero_state``: it holds nothing yet and is zero)."""
     cdt = query.dtype
     chunk = CHUNK_OF[algorithm]
-    n_chunks = s_len // chunk
-    state = tl.load(state_cache[slot, h]) if initial else None
-    for first in range(0, n_chunks, group):
-        chunks = []
-        for c in range(first, min(first + group, n_chunks)):
-            chunks.append(_prepare_chunk(query, key, value, g_log, beta, b, h, hk, c * chunk, chunk, masks, ones,
-                                         eps, cdt))
-        if algorithm == "schur":
-            schur_levels(chunks, masks, 0, chunk, cdt)
-        else:
-            _neumann_blocks(chunks[0], masks)
-            schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
-        for ch in chunks:
-            _finish_chunk(ch, cdt)
-        for ch in chunks:
-            o, state = advance(ch, state, scale, cdt, cdt)
-            tl.store(out[b, h, ch.rows, :], o)
+    chunks = []
+    for c in range(count):
+        chunks.append(_prepare_chunk(query, key, value, g_log, beta, b, h, hk, first_token + c * chunk, chunk, masks,
+                                     ones, eps, cdt))
+    if algorithm == "schur":
+        schur_levels(chunks, masks, 0, chunk, cdt)
+    else:
+        _neumann_blocks(chunks[0], masks)
+        schur_levels(chunks, masks, NEUMANN_FIRST_SCHUR_LEVEL, chunk)
+    for ch in chunks:
+        _finish_chunk(ch, cdt)
+    for i in range(count):
+        tl.store(out[b, h, chunks[i].rows, :], advance(chunks[i], state, scale, cdt, cdt, zero_state and i == 0))
+
+
+def _head(query, key, value, g_log, beta, out, state_cache, slot, b, h, hk, masks, ones, eps, scale, algorithm,
+          group, initial):
+    """The whole sequence ``b`` of value head ``h``; the state comes from / goes back to row ``slot``
+    of ``state_cache``. Full groups of chunks are a device loop (``nl.sequential_range``: the
+    state carries over), so the program holds a group or three whatever the length: the first
+    group peeled when it starts from zero, the loop, a partial last group."""
+    dk = query.shape[3]
+    dv = value.shape[3]
+    chunk = CHUNK_OF[algorithm]
+    n_chunks = query.shape[2] // chunk
+    first = 0
+    if initial:
+        state = tl.load(state_cache[slot, h])
+    else:  # the first group starts from zero: peeled, without state terms
+        state = tl.sbuf((dk, dv))
+        first = min(group, n_chunks)
+        _group(query, key, value, g_log, beta, out, state, b, h, hk, 0, first, masks, ones, eps, scale, algorithm,
+               zero_state=True)
+    full = (n_chunks - first) // group
+    masks.levels(0, 1)  # the whole pack on chip before the device loop (its body runs on every iteration)
+    for g in nl.sequential_range(full):
+        _group(query, key, value, g_log, beta, out, state, b, h, hk, first * chunk + g * (group * chunk), group,
+               masks, ones, eps, scale, algorithm)
+    rest = n_chunks - first - full * group
+    if rest > 0:
+        _group(query, key, value, g_log, beta, out, state, b, h, hk, (n_chunks - rest) * chunk, rest, masks, ones,
+               eps, scale, algorithm)
     tl.store(state_cache[slot, h], state)
 
 
@@ -277,7 +302,7 @@ def gdn_cte(query, key, value, g_log, beta, scale=1.0, algorithm="schur", mask_p
     if state_slots is not None:
         if recurrent_state is None:
             raise ValueError("state_slots needs recurrent_state (the state cache the slots index)")
-        check_slots("state_slots", state_slots.tolist() if hasattr(state_slots, "tolist") else state_slots,
+        check_slots("state_slots", state_slots,
                     recurrent_state.shape[0], b_size)
     if not isinstance(use_qk_l2norm, bool):
         raise ValueError(f"use_qk_l2norm must be a bool, got {use_qk_l2norm!r}")

@@ -96,8 +96,7 @@ def gdn_recurrent_step(query, key, value, g_log, beta, state, state_indices, sca
     check_dtype("state", state, ("float32",))
     if hasattr(state, "is_contiguous") and not state.is_contiguous():
         raise ValueError("state must be contiguous (its slot rows are updated in place)")
-    indices = state_indices.tolist() if hasattr(state_indices, "tolist") else state_indices
-    check_slots("state_indices", indices, state.shape[0], n_seq)
+    check_slots("state_indices", state_indices, state.shape[0], n_seq)
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise ValueError(f"scale must be a Python float, got {scale!r}")
     out, _ = RECURRENT_STEP(query, key, value, g_log, beta, state, index_tensor(state_indices, query),

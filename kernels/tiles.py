@@ -47,6 +47,14 @@ def matmul(stationary, moving):
     return dst
 
 
+def mask_matmul(mask, moving):
+    """``mask[K, M]^T @ moving[K, N]`` for a 0/1 ``mask`` (fp32), declared ``is_stationary_onezero``
+    (up to twice the fp32 TensorE rate)."""
+    dst = nl.ndarray((mask.shape[1], free_size(moving)), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst, mask, moving, is_stationary_onezero=True)
+    return dst
+
+
 def matmul_accumulate(dst, stationary, moving):
     """Accumulate ``stationary^T @ moving`` into the PSUM tile ``dst`` that a matmul just wrote."""
     nisa.nc_matmul(dst, stationary, moving)
@@ -69,6 +77,17 @@ def scaled_copy(src, scale=1.0, dtype=nl.float32):
     The ScalarE twin of ``copy`` / a column ``scalar`` multiply, to balance VectorE and ScalarE.
     """
     return activation(src, nl.copy, scale=scale, dtype=dtype)
+
+
+def gpsimd_scaled(src, column, dtype=nl.float32):
+    """``src * column`` (``column`` a ``[P, 1]`` tile or a scalar) into a fresh SBUF tile on GpSimd.
+
+    For SBUF sources only (GpSimd cannot access PSUM): it takes such copies off the busier
+    ScalarE / VectorE queues.
+    """
+    dst = sbuf(src.shape, dtype)
+    nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=column, engine=nisa.engine.gpsimd)
+    return dst
 
 
 def transpose(src, dtype=nl.float32):

@@ -20,7 +20,9 @@ Outputs: allocate them in the kernel with ``nl.ndarray(shape, dtype, buffer=nl.s
 ``nl``: dtypes ``float32, bfloat16, float16, int32`` (``int16, int8, uint8``); buffers
     ``sbuf, psum, hbm (private_hbm), shared_hbm``; ``ndarray(shape, dtype, buffer=nl.sbuf,
     name=None)`` (uninitialised: NaN-filled), ``zeros`` (ndarray + memset); ``ds(start,
-    size)``; ``affine_range / sequential_range / static_range`` (= ``range``, loops unroll);
+    size)``; ``affine_range / sequential_range`` (device loops: run in order, their
+    index an affine ``LoopIndex``, counted once in the program size), ``static_range`` (= ``range``);
+    ``NKIObject``;
     ``program_id, num_programs, program_ndim``; ``tile_size.pmax / psum_fmax /
     gemm_stationary_fmax / gemm_moving_fmax``; operator tokens ``add subtract multiply
     divide maximum minimum max min power equal not_equal greater greater_equal less
@@ -49,23 +51,29 @@ Tensors: axis 0 is the partition axis (<= 128 in SBUF/PSUM). Views: ``t[i, a:b]`
 Numerics: engine math is float32; storing into a bf16/fp16 tile rounds to nearest even.
 PSUM accumulation (``nc_matmul``): ``accumulate=False`` overwrites, ``True`` adds (only onto
     elements last written by nc_matmul, else refused as undefined on trn2), ``None``
-    (default) adds where the element was last written by nc_matmul and overwrites where it
-    is fresh or was written by another instruction. Open each accumulation group with
+    (default) adds where the element was last written by nc_matmul, overwrites where it is
+    fresh, and is refused where another instruction wrote it last. Open each accumulation group with
     ``accumulate=False`` when one PSUM tile is reused across groups.
 Lifetime and capacity: an SBUF/PSUM tile is live from ``nl.ndarray`` until the tile and all
     its views are garbage-collected (drop the last reference, e.g. rebinding a loop
     variable, or return). SBUF: 192 KiB per partition (24 MiB usable); PSUM: 8 banks of
     2 KiB per partition, a tile must fit one bank. Over capacity raises
     ``NkiCapacityError`` with the peak.
+Front end: the first launch parses the kernel and everything it reaches and refuses Python
+    outside the NKI <= 0.6 subset (``NkiFrontendError``, file:line, construct, rule); see
+    ``docs/nki-rules.md``. Registers (``nisa.register_alloc`` / ``register_load`` ...) index
+    tensors for ``dma_copy`` only (``oob_mode`` error / skip).
 Refusals (``NkiHardwareError``, a ``ValueError``; message = op, operand, limit): partition
-    axis > 128; nc_matmul K or M > 128, N > 512, dst not PSUM fp32, operands not in SBUF;
+    axis > 128; nc_matmul K or M > 128, N > 512, dst not PSUM fp32, operands not in SBUF,
+    an fp32 operand with a non-fp32 partner, a false is_stationary_onezero; nc_transpose
+    into another dtype than its input's;
     a PSUM tile wider than a bank; dma_copy touching PSUM; both tensor_tensor inputs in
     PSUM; dma_transpose of a non-2-byte dtype; GpSimd ops (affine_select, iota,
     engine=gpsimd) touching PSUM; SBUF/PSUM over capacity.
 Cost model: ``with interp.cost.record() as rec: kernel(...)``; ``rec.report()`` gives a
     :class:`~.cost.CostReport` (modeled time, per-engine busy share, TensorE utilisation,
     HBM bytes, roofline; ``.table()`` prints them, each labelled "modeled");
-    ``rec.instructions`` is the trace. See ``cost.py`` and ``README.md``.
+    ``rec.instructions`` is the trace. See ``cost.py`` and ``docs/kernels/interpreter.md``.
 """
 
 from . import api as nki

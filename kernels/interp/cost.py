@@ -14,8 +14,9 @@ Model. Each instruction is charged an engine occupancy from :class:`Trn2Spec`:
 * TensorE (``nc_matmul``, ``nc_transpose``): one moving column per cycle,
   ``max(N, matmul_min_columns)`` cycles, four passes for fp32 operands, at the clock
   that makes a 128 x 128 array deliver ``tensor_bf16_flops``.
-* VectorE / ScalarE / GpSimd: ``fixed overhead + elements per partition * 128 / rate``
-  (a tile using fewer than 128 partitions leaves lanes idle).
+* VectorE / ScalarE / GpSimd: ``max(MIN_II, elements per partition / elements per partition
+  per cycle)`` engine cycles, the ISA docs' cost form; VectorE runs 2-byte operands at twice
+  the rate of 4-byte ones (a tile using fewer than 128 partitions leaves lanes idle).
 * DMA: ``sum over descriptors of max(descriptor bytes, dma_min_descriptor_bytes)`` at the
   per-core HBM share, plus a fixed completion latency (pipelined: it delays dependants, not
   other transfers).
@@ -40,42 +41,80 @@ PARTITIONS = 128
 
 @dataclasses.dataclass(frozen=True)
 class Trn2Spec:
-    """Cost-model constants for one trn2 NeuronCore (public figures; see kernels/interp/README.md)."""
+    """Cost-model constants for one trn2 NeuronCore (NeuronCore-v3), each with its source.
 
-    tensor_bf16_flops: float = 79e12        # NeuronCore-v3 TensorE, dense BF16/FP16
+    "ISA docs" = the NKI ``nki.isa`` API pages (SDK 2.32 / 2.33), "arch guide" = the
+    Trainium2 Architecture Guide for NKI, "NC-v3 page" = the NeuronCore-v3 architecture page.
+    """
+
+    # TensorE: 79 dense BF16/FP16/TF32 TFLOPS (NC-v3 page, "Tensor Engine"); one moving column
+    # per cycle of a 128 x 128 array, so the model's clock is 79e12 / (2 * 128 * 128) = 2.41 GHz.
+    tensor_bf16_flops: float = 79e12
     tensor_rows: int = 128
     tensor_cols: int = 128
-    fp32_passes: int = 4                    # fp32 matmul at a quarter of the bf16 rate
-    matmul_min_columns: int = 64            # pipeline fill per matmul instruction (assumed)
-    vector_elements_per_s: float = 1.0e12   # VectorE ~1.0 TFLOP/s fp32 (nki-notes.md)
-    scalar_elements_per_s: float = 1.2e12   # ScalarE ~1.2 TFLOP/s fp32 (nki-notes.md)
-    gpsimd_elements_per_s: float = 0.5e12   # GpSimd (assumed: half of VectorE)
-    engine_clock_hz: float = 1.4e9          # Vector/Scalar/GpSimd instruction overhead clock
-    vector_overhead_cycles: int = 64        # documented MIN_II order of magnitude
-    gpsimd_overhead_cycles: int = 150       # affine_select/iota documented fixed cost
-    hbm_bytes_per_s: float = 2.9e12 / 8     # 2.9 TB/s per chip shared by 8 cores
-    dma_latency_s: float = 2e-6             # fixed DMA completion latency per instruction
-    dma_min_descriptor_bytes: int = 512     # descriptors below 512 B move at 512 B cost
+    # fp32 operands: ~1/4 of the bf16 rate (Trainium2 chip figures: 181 FP32 vs 667 BF16 dense
+    # TFLOPS per chip, Trn2 architecture page), modeled as 4 passes of the array.
+    fp32_passes: int = 4
+    # the ISA docs' instruction cost is max(MIN_II, N) engine cycles, MIN_II ~64 cycles ("Estimated
+    # instruction cost" of the nisa compute instructions); applied to TensorE's moving columns too.
+    matmul_min_columns: int = 64
+    # an fp32 stationary of 0.0 / 1.0 declared with is_stationary_onezero: "could lead to 2x better
+    # performance" (ISA docs, nc_matmul, is_stationary_onezero): 2 passes instead of 4.
+    onezero_speedup: int = 2
+    # VectorE: 0.96 GHz, 512 elements per cycle for 2-byte (bf16/fp16) operands, 256 otherwise
+    # (arch guide, "Compute Engine Specifications": 4 / 2 elements per partition per cycle).
+    vector_clock_hz: float = 0.96e9
+    vector_elements_per_cycle_16bit: int = 512
+    vector_elements_per_cycle: int = 256
+    # ScalarE: 1.2 GHz, 128 elements per cycle (one per partition; arch guide, same table).
+    scalar_clock_hz: float = 1.2e9
+    scalar_elements_per_cycle: int = 128
+    # GpSimd: 8 cores of 512-bit SIMD at 1.2 GHz (arch guide, same table): 8 x 16 fp32 lanes,
+    # 128 elements per cycle; its fixed cost: ~150 cycles (ISA docs, affine_select / iota).
+    gpsimd_clock_hz: float = 1.2e9
+    gpsimd_elements_per_cycle: int = 128
+    gpsimd_min_cycles: int = 150
+    # MIN_II of VectorE / ScalarE instructions: ~64 engine cycles (ISA docs, "Estimated instruction cost").
+    min_ii_cycles: int = 64
+    # HBM: 2.9 TB/s per Trainium2 chip (Trn2 architecture page; the arch guide rounds it to 3 TB/s)
+    # shared by its 8 NeuronCores: the per-core share.
+    hbm_bytes_per_s: float = 2.9e12 / 8
+    # DMA fixed cost: ~2 us from issue to completion per transfer. ASSUMPTION: the NKI
+    # performance guides describe a fixed DMA cost of this order without a number for trn2.
+    dma_latency_s: float = 2e-6
+    # the NKI DMA guides advise at least 512 B per partition per transfer: each contiguous run is
+    # a descriptor charged at least 512 B of bandwidth. ASSUMPTION on how efficiency falls below it.
+    dma_min_descriptor_bytes: int = 512
 
     @property
     def tensor_clock_hz(self) -> float:
         return self.tensor_bf16_flops / (2 * self.tensor_rows * self.tensor_cols)
 
     def occupancy(self, engine: str, work: dict) -> tuple:
-        """``(busy seconds on the engine, extra completion latency)`` of one instruction."""
+        """``(busy seconds on the engine, extra completion latency)`` of one instruction.
+
+        Compute engines: ``max(minimum cycles, elements per partition / elements per partition
+        per cycle)`` engine cycles, the ISA docs' cost form (a tile on fewer than 128 partitions
+        leaves lanes idle).
+        """
         if engine == "tensor":
             passes = self.fp32_passes if work["fp32"] else 1
+            if work.get("onezero"):
+                passes = max(1, passes // self.onezero_speedup)
             return max(work["columns"], self.matmul_min_columns) * passes / self.tensor_clock_hz, 0.0
         if engine == "dma":
             moved = work["descriptors"] * max(work["run_bytes"], self.dma_min_descriptor_bytes)
             return moved / self.hbm_bytes_per_s, self.dma_latency_s
         per_partition = work["elements"] / work["partitions"]
         if engine == "gpsimd":
-            rate, overhead = self.gpsimd_elements_per_s, self.gpsimd_overhead_cycles
+            clock, per_cycle, minimum = self.gpsimd_clock_hz, self.gpsimd_elements_per_cycle, self.gpsimd_min_cycles
+        elif engine == "scalar":
+            clock, per_cycle, minimum = self.scalar_clock_hz, self.scalar_elements_per_cycle, self.min_ii_cycles
         else:
-            rate = self.scalar_elements_per_s if engine == "scalar" else self.vector_elements_per_s
-            overhead = self.vector_overhead_cycles
-        return overhead / self.engine_clock_hz + per_partition * PARTITIONS / rate, 0.0
+            clock, minimum = self.vector_clock_hz, self.min_ii_cycles
+            per_cycle = self.vector_elements_per_cycle_16bit if work.get("narrow") else self.vector_elements_per_cycle
+        cycles = max(minimum, per_partition * PARTITIONS / per_cycle)
+        return cycles / clock, 0.0
 
 
 @dataclasses.dataclass(frozen=True)

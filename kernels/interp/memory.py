@@ -10,10 +10,15 @@ placed first-fit into the 8 banks (several small tiles may share a bank).
 
 from .errors import NkiCapacityError, refuse
 
-PARTITIONS = 128
-SBUF_BYTES_PER_PARTITION = 192 * 1024  # 24 MiB usable of the 28 MiB SBUF
-PSUM_BANKS = 8
-PSUM_BANK_BYTES = 2 * 1024  # 512 fp32 per partition
+# Sources: docs/nki-rules.md, section "Memory".
+PARTITIONS = 128  # nl.tile_size.pmax (NKI language API; Trainium2 Architecture Guide for NKI, SBUF/PSUM)
+# NeuronCore-v3 SBUF is 28 MiB = 224 KiB per partition (NeuronCore-v3 architecture page, "On-chip SRAM";
+# the Trainium3 guide: "up from 28 MiB in NeuronCore-v3"). Part of it is reserved
+# (nl.tile_size.total_available_sbuf_size, "total minus reserved bytes", no number published):
+# the interpreter assumes 192 KiB usable per partition. UNKNOWN: the real usable share.
+SBUF_BYTES_PER_PARTITION = 192 * 1024
+PSUM_BANKS = 8  # PSUM: 16 KiB per partition in 8 banks (Trainium2 Architecture Guide for NKI, PSUM)
+PSUM_BANK_BYTES = 2 * 1024  # 512 fp32 per partition per bank (nl.tile_size.psum_fmax = 512)
 PSUM_BYTES_PER_PARTITION = PSUM_BANKS * PSUM_BANK_BYTES  # 16 KiB x 128 = 2 MiB
 
 

@@ -2,7 +2,7 @@
 
 Every function accepts torch tensors or NumPy arrays of any float dtype, computes in float64
 on the CPU and returns float64 torch tensors; inputs are never modified. Layouts are those of
-``shared/docs/gdn-math.md``; sequences are packed end to end with ``cu_seqlens`` boundaries
+``docs/gdn-math.md``; sequences are packed end to end with ``cu_seqlens`` boundaries
 (None = one sequence), states carry a leading sequence axis N.
 
 API:

@@ -1,4 +1,4 @@
-"""The Gated DeltaNet recurrences, token by token in float64 (see shared/docs/gdn-math.md).
+"""The Gated DeltaNet recurrences, token by token in float64 (see docs/gdn-math.md).
 
 State layout: K-major ``[Hv, Dk, Dv]`` per sequence. GQA: value head h reads query/key head
 ``h // (Hv // Hk)``.

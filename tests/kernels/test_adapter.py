@@ -9,7 +9,7 @@ import torch
 from kernel_testing import assert_close, gdn_inputs, random_state, reference_cte
 
 from vllm_gdn_neuron.kernels import adapter, nki_call
-from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence
+from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
 
 SCALE = 16**-0.5
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -99,6 +99,30 @@ def test_conv1d_decode_shifts_the_cache_rows_in_place():
     assert torch.equal(cache[1], before[1])
 
 
+def test_gdn2_bucket_reads_and_writes_cache_rows_by_slot():
+    gen = torch.Generator().manual_seed(10)
+    lengths, s_len = [70, 5], 72
+    q = torch.zeros(2, s_len, 1, 16)
+    k, v = torch.zeros(2, s_len, 1, 16), torch.zeros(2, s_len, 2, 8)
+    g, beta = torch.zeros(2, s_len, 2, 16), torch.zeros(2, s_len, 2, 16)
+    for b, n in enumerate(lengths):  # real tokens first, zero padding after (exact)
+        q[b, :n] = torch.nn.functional.normalize(torch.randn(n, 1, 16, generator=gen), dim=-1)
+        k[b, :n] = torch.nn.functional.normalize(torch.randn(n, 1, 16, generator=gen), dim=-1)
+        v[b, :n] = torch.randn(n, 2, 8, generator=gen)
+        g[b, :n] = -torch.rand(n, 2, 16, generator=gen) * 5
+        beta[b, :n] = torch.rand(n, 2, 16, generator=gen)
+    cache = torch.randn(3, 2, 16, 8, generator=gen)
+    before = cache.clone()
+    slots = torch.tensor([2, 0])
+    o = adapter.gdn2_prefill_bucket(q, k, v, g, beta, None, cache, slots, SCALE)
+    for b, (slot, n) in enumerate(zip(slots.tolist(), lengths)):
+        ref_o, ref_state = gdn2_recurrence(q[b, :n], k[b, :n], v[b, :n], g[b, :n], beta[b, :n],
+                                           initial_state=before[slot:slot + 1], scale=SCALE)
+        assert_close(o[b, :n], ref_o, torch.float32, f"o {b}")
+        assert_close(cache[slot], ref_state[0], torch.float32, f"state {b}")
+    assert torch.equal(cache[1], before[1])
+
+
 def test_one_kernel_serves_every_slot_assignment_and_length_mix(monkeypatch):
     recorder = _Recorder(monkeypatch)
     gen = torch.Generator().manual_seed(9)
@@ -107,9 +131,15 @@ def test_one_kernel_serves_every_slot_assignment_and_length_mix(monkeypatch):
     for slots, lengths in (([0, 1], [8, 8]), ([5, 2], [3, 7])):
         adapter.conv1d_prefill(x, weight, cache, torch.tensor(slots), torch.tensor(lengths))
         adapter.conv1d_decode(x[..., 0], weight, cache, torch.tensor(slots))
-    prefill = {launch for launch in recorder.launches if launch[0] == "conv1d_prefill"}
-    decode = {launch for launch in recorder.launches if launch[0] == "conv1d_decode"}
-    assert len(prefill) == 1 and len(decode) == 1  # same shapes, same compile-time constants
+    q = torch.nn.functional.normalize(torch.randn(2, 8, 1, 16, generator=gen), dim=-1)
+    gates = -torch.rand(2, 8, 1, 16, generator=gen)
+    ssm_cache = torch.zeros(6, 1, 16, 16)
+    for slots in ([0, 1], [5, 3]):
+        adapter.gdn2_prefill_bucket(q, q, torch.randn(2, 8, 1, 16, generator=gen), gates, -gates, None, ssm_cache,
+                                    torch.tensor(slots), SCALE)
+    for name in ("conv1d_prefill", "conv1d_decode", "gdn2_chunked"):
+        launches = {launch for launch in recorder.launches if launch[0] == name}
+        assert len(launches) == 1, name  # same shapes, same compile-time constants
 
 
 def test_python_slot_lists_are_refused_by_the_op():

@@ -469,3 +469,26 @@ def test_matmul_accumulation_state_is_tracked_per_element_through_psum_views():
 
     out, once = run(body, a, b), a.T @ b
     np.testing.assert_allclose(out, np.concatenate([once, 2 * once, once], axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_nc_matmul_onezero_hint_is_checked_and_halves_the_fp32_cost():
+    from vllm_gdn_neuron.kernels.interp import cost
+
+    mask = np.triu(np.ones((8, 8), np.float32))
+    data = randn(np.random.default_rng(9), (8, 64))
+
+    def body(mask, data):
+        mask, data = load(mask), load(data)
+        plain = nl.ndarray((8, 64), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=plain, stationary=mask, moving=data)
+        hinted = nl.ndarray((8, 64), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=hinted, stationary=mask, moving=data, is_stationary_onezero=True)
+        with pytest.raises(NkiHardwareError, match="is_stationary_onezero=True but stationary holds values other"):
+            nisa.nc_matmul(dst=hinted, stationary=data[:, 0:8], moving=data, is_stationary_onezero=True)
+        return store(plain), store(hinted)
+
+    with cost.record() as recording:
+        plain, hinted = run(body, mask, data)
+    np.testing.assert_array_equal(plain, hinted)
+    matmuls = [i for i in recording.instructions if i.op == "nc_matmul"]
+    assert matmuls[1].end_s - matmuls[1].start_s == pytest.approx((matmuls[0].end_s - matmuls[0].start_s) / 2)
