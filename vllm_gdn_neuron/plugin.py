@@ -59,9 +59,10 @@ def register() -> None:
         names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
     for name, (target, checkpoint_arch) in names.items():
         ModelRegistry.register_model(name, target)
-        existing = MODELS_CONFIG_MAP.get(name) or MODELS_CONFIG_MAP.get(checkpoint_arch)
-        if not getattr(existing, "is_vllm_gdn_neuron_hook", False):
-            MODELS_CONFIG_MAP[name] = _config_hook(existing)
+        if getattr(MODELS_CONFIG_MAP.get(name), "is_vllm_gdn_neuron_hook", False):
+            continue
+        base = MODELS_CONFIG_MAP.get(name) or MODELS_CONFIG_MAP.get(checkpoint_arch)
+        MODELS_CONFIG_MAP[name] = _config_hook(getattr(base, "base_hook", base))
     _registered = True
 
 
@@ -102,6 +103,7 @@ def _config_hook(base):
 
     class GatedDeltaNetConfigHook(VerifyAndUpdateConfig):
         is_vllm_gdn_neuron_hook = True
+        base_hook = base
 
         @staticmethod
         def verify_and_update_model_config(model_config) -> None:

@@ -2,7 +2,8 @@
 
 One step: two decode rows, then three prefill sequences (a one-token prompt, a new
 37-token prompt, a 9-token chunk continuing a cached prompt), then padding tokens; the
-cache holds stale values everywhere, NaNs on the fresh sequence's page. The reference
+cache holds stale values everywhere, NaNs on the fresh sequence's page. Both entry points
+run: the trace-safe paged ops and the backend-dispatched public ops. The reference
 runs each sequence token by token in float64 (``kernels/reference``) from the states the
 cache held; the mixer's outputs and the pages it leaves must match, and no other page
 may change.
@@ -32,16 +33,18 @@ def _reference(dims, x, a, b, weight, A_log, dt_bias, conv0, ssm0, bounds):
     return torch.cat(outs), convs, ssms
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dispatched"])
+@pytest.mark.parametrize(("dtype", "ssm_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                                  (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize(("hk", "hv", "dk", "dv"), [(2, 4, 8, 6), (1, 3, 6, 8), (2, 2, 8, 8)])
-def test_mixed_decode_and_prefill_step_matches_the_float64_references(dtype, hk, hv, dk, dv):
+def test_mixed_decode_and_prefill_step_matches_the_float64_references(paged, dtype, ssm_dtype, hk, hv, dk, dv):
     torch.manual_seed(0)
     dims = GDNDims(hk, hv, dk, dv, conv_kernel=4)
     channels, pages = dims.conv_dim, 10
     weight = (0.5 * torch.randn(channels, 4)).to(dtype)
     A_log, dt_bias = torch.randn(hv) * 0.5 + 1.0, torch.randn(hv)  # strongly decaying heads included
     conv_cache = torch.randn(pages, channels, 4)
-    ssm_cache = 0.3 * torch.randn(pages, hv, dk, dv)
+    ssm_cache = (0.3 * torch.randn(pages, hv, dk, dv)).to(ssm_dtype)  # bf16: --mamba-ssm-cache-dtype
 
     decode_pages = [3, 8]
     prefill_pages, has_state, lengths = [1, 6, 4], [False, False, True], [1, 37, 9]
@@ -57,7 +60,7 @@ def test_mixed_decode_and_prefill_step_matches_the_float64_references(dtype, hk,
     prefill = ops.PrefillStep.build(qsl, torch.tensor(prefill_pages), torch.tensor(has_state), num_prefill)
     conv_before, ssm_before = conv_cache.clone(), ssm_cache.clone()
     caches = GDNCaches(conv=conv_cache, ssm=ssm_cache)
-    core = gdn_mix(dims, x, a, b, weight, A_log, dt_bias, caches, decode, prefill)
+    core = gdn_mix(dims, x, a, b, weight, A_log, dt_bias, caches, decode, prefill, paged=paged)
 
     # reference, sequence by sequence
     n_dec = len(decode_pages)
@@ -69,11 +72,12 @@ def test_mixed_decode_and_prefill_step_matches_the_float64_references(dtype, hk,
     want, conv_want, ssm_want = _reference(dims, x, a, b, weight, A_log, dt_bias, conv0, ssm0, bounds)
 
     real = n_dec + sum(lengths)
-    torch.testing.assert_close(core[:real].double(), want, **TOLERANCE[dtype])
+    tolerance = TOLERANCE[torch.bfloat16 if torch.bfloat16 in (dtype, ssm_dtype) else torch.float32]
+    torch.testing.assert_close(core[:real].double(), want, **tolerance)
     assert torch.count_nonzero(core[real:]) == 0  # prefill padding and the tokens past the step
     for page, conv_state, ssm_state in zip(seq_pages, conv_want, ssm_want):
-        torch.testing.assert_close(conv_cache[page].double(), conv_state, **TOLERANCE[dtype])
-        torch.testing.assert_close(ssm_cache[page].double(), ssm_state, **TOLERANCE[dtype])
+        torch.testing.assert_close(conv_cache[page].double(), conv_state, **tolerance)
+        torch.testing.assert_close(ssm_cache[page].double(), ssm_state, **tolerance)
     untouched = [p for p in range(pages) if p not in seq_pages]
     torch.testing.assert_close(conv_cache[untouched], conv_before[untouched], rtol=0, atol=0)
     torch.testing.assert_close(ssm_cache[untouched], ssm_before[untouched], rtol=0, atol=0)

@@ -40,3 +40,23 @@ def test_prefix_cache_copy_refuses_speculative_steps():
     conv_copy, _ = Qwen3_5ForCausalLM.get_mamba_state_copy_func()
     with pytest.raises(ValueError, match="num_accepted_tokens must be 1 .*got 2"):
         conv_copy(torch.zeros(3, 5, 4), block_ids=[0, 1], cur_block_idx=0, num_accepted_tokens=2)
+
+
+def test_a_step_without_the_layers_metadata_is_refused_once_the_cache_is_bound():
+    from vllm_gdn_neuron.models.gated_deltanet import layer_metadata
+
+    name = "model.layers.0.linear_attn"
+    with pytest.raises(RuntimeError, match=f"{name}: no GatedDeltaNet metadata in this step \\(attn_metadata has no "
+                                           "entry for the layer\\) although the layer's cache is bound"):
+        layer_metadata({"model.layers.3.self_attn": object()}, name, cache_bound=True)
+    with pytest.raises(RuntimeError, match="attn_metadata is None"):
+        layer_metadata(None, name, cache_bound=True)
+
+
+def test_only_the_profiling_run_without_a_cache_mixes_nothing():
+    from vllm_gdn_neuron.models.gated_deltanet import layer_metadata
+
+    name = "model.layers.0.linear_attn"
+    assert layer_metadata(None, name, cache_bound=False) is None
+    entry = object()
+    assert layer_metadata({name: entry}, name, cache_bound=True) is entry

@@ -73,3 +73,57 @@ def test_disable_switch_leaves_vllms_builtins_alone():
     assert report["Qwen3_5ForCausalLM"]["module"] == "vllm.model_executor.models.qwen3_5"
     assert report["Qwen3NextForCausalLM"]["module"] == "vllm.model_executor.models.qwen3_next"
     assert not any(entry["hook_is_ours"] for entry in report.values())
+
+
+def _fresh_registration(monkeypatch, on_neuron: bool):
+    from vllm_gdn_neuron import plugin
+
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setattr(plugin, "on_neuron_platform", lambda: on_neuron)
+    plugin.register()
+    return plugin
+
+
+def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monkeypatch):
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    before = {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES}
+    plugin = _fresh_registration(monkeypatch, on_neuron=True)
+    for name, checkpoint_arch in plugin.NEURON_ARCHITECTURES.items():
+        assert name.startswith("VllmGdnNeuron") and name.endswith(checkpoint_arch)
+        assert ModelRegistry.models[name].module_name == "vllm_gdn_neuron.neuron.model"
+        assert ModelRegistry.models[name].class_name == "Qwen3_5NeuronForCausalLM"
+        assert MODELS_CONFIG_MAP[name].is_vllm_gdn_neuron_hook
+    # the checkpoints' own names are left to whoever else registers them (vllm-neuron)
+    assert {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES} == before
+
+
+def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
+    from vllm import ModelRegistry
+
+    plugin = _fresh_registration(monkeypatch, on_neuron=True)
+    # vllm-neuron's worker registers its own list after the general plugins ran:
+    for arch in ARCHITECTURES:
+        ModelRegistry.register_model(arch, "vllm_gdn_neuron.models.qwen3_5:Qwen3_5ForCausalLM")
+    for name in plugin.NEURON_ARCHITECTURES:
+        assert ModelRegistry.models[name].module_name == "vllm_gdn_neuron.neuron.model"
+    assert not set(plugin.NEURON_ARCHITECTURES) & set(ARCHITECTURES)
+
+
+def test_the_cpu_platform_is_not_neuron():
+    from vllm_gdn_neuron.plugin import on_neuron_platform
+
+    assert not on_neuron_platform()
+
+
+def test_disable_switch_registers_nothing_on_neuron_either(monkeypatch):
+    from vllm import ModelRegistry
+    from vllm_gdn_neuron import plugin
+
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setattr(plugin, "on_neuron_platform", lambda: True)
+    names = set(ModelRegistry.models)
+    plugin.register()
+    assert set(ModelRegistry.models) == names and not plugin._registered

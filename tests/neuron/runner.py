@@ -62,10 +62,16 @@ HOST_READ_OPS = frozenset({"_local_scalar_dense", "item", "nonzero", "nonzero_st
                            "_unique2", "unique_consecutive", "unique_dim", "masked_select", "argwhere"})
 
 
+# Tensor methods of a Dynamo graph that leave the device.
+HOST_READ_METHODS = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "unique"})
+
+
 def host_reads(graph_module) -> list[str]:
-    """Nodes of an ATen graph that read device data on the host, or copy a tensor to another device."""
+    """Nodes of a Dynamo or ATen graph that read device data on the host, or copy a tensor to another device."""
     found = []
     for node in graph_module.graph.nodes:
+        if node.op == "call_method" and node.target in HOST_READ_METHODS:
+            found.append(f"Tensor.{node.target}")
         if node.op != "call_function":
             continue
         overload = getattr(node.target, "_overloadpacket", None)
@@ -127,6 +133,7 @@ class HarnessRunner:
         self.prefill_buckets, self.decode_buckets = sorted(prefill_buckets), sorted(decode_buckets)
         self.max_model_len, self.pad_slot = max_model_len, pad_slot
         self.recorder = GraphRecorder()
+        torch._dynamo.reset()  # a fresh compile cache, as in a new runner process
         self.forward = (torch.compile(self.model, fullgraph=True, dynamic=False, backend=self.recorder)
                         if compile else self.model)
         self._allocate(num_blocks, block_size)

@@ -141,3 +141,35 @@ def test_bind_refuses_a_cache_that_does_not_match_the_spec_and_binds_nothing(den
         model.bind_kv_cache(wrong_dtype)
     assert all(layer.mixer.kv_pages is None if not layer.is_linear else layer.mixer.state_pages is None
                for layer in model.model.layers)
+
+
+def test_forward_takes_exactly_the_runners_keywords():
+    import inspect
+
+    params = list(inspect.signature(Qwen3_5NeuronForCausalLM.forward).parameters)[1:]
+    assert tuple(params) == contract.FORWARD_KEYWORDS
+
+
+def test_the_harness_passes_every_metadata_key_the_shell_reads(dense):
+    from runner import HarnessRunner
+
+    runner = HarnessRunner.__new__(HarnessRunner)
+    runner.groups = {"attention0": ["a"], "recurrent0": ["r"]}
+    runner.block_size, runner.max_model_len, runner.pad_slot = 32, 512, 0
+    metadata = runner._metadata([None], [None] * 4, 4, 16)
+    for entry in metadata.values():
+        assert set(contract.METADATA_KEYS) <= set(entry)
+
+
+def test_the_host_read_scan_finds_host_reads():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from runner import host_reads
+
+    def reads(x):
+        return torch.nonzero(x), x.to("meta"), x.sum().item()
+
+    found = host_reads(make_fx(reads, tracing_mode="symbolic")(torch.ones(3)))
+    assert "nonzero" in found and "_local_scalar_dense" in found
+    assert any(r.startswith("_to_copy(device=") for r in found)
+    assert host_reads(make_fx(lambda x: (x * 2).index_select(0, torch.zeros(1, dtype=torch.long)))(torch.ones(3))) == []

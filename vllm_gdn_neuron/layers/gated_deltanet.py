@@ -16,6 +16,7 @@ shells adapt their engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep
 their cache into ``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -107,7 +108,9 @@ def gdn_mix(
     caches: GDNCaches,
     decode: "ops.DecodeStep | None",
     prefill: "ops.PrefillStep | None",
-    paged=ops,
+    *,
+    paged: bool = True,
+    paged_ops=ops,
 ) -> torch.Tensor:
     """Run the decode rows, then the prefill tokens, of one step; the pages advance in place.
 
@@ -121,8 +124,12 @@ def gdn_mix(
         conv_weight: ``[C, K]``; A_log, dt_bias: ``[Hv]`` float32.
         caches: the layer's pages.
         decode, prefill: the step's metadata (None for a part with no tokens).
-        paged: the provider of the four paged ops: ``ops`` (torch math), or
-            ``ops.paged_nki`` (the NKI kernels, same signatures).
+        paged: run the trace-safe paged ops (torch math; the only choice inside a compiled
+            graph). False: the public ops, which dispatch to ``$VLLM_GDN_BACKEND`` (``nki``
+            in its interpreter, ``vllm_cpu``) and check their inputs on the host at every
+            call: eager engines only.
+        paged_ops: the provider of the four paged ops: ``ops`` (torch math), or
+            ``ops.paged_nki`` (the NKI kernels through their adapter, same signatures).
 
     Returns:
         ``core [T, Hv, Dv]`` in qkv's dtype; zeros for tokens of neither part.
@@ -131,19 +138,52 @@ def gdn_mix(
     start = 0
     if decode is not None:
         stop = start + decode.num_rows
-        x = paged.paged_conv1d_decode(qkv[start:stop], conv_weight, caches.conv, decode)
-        q, k, v = dims.split_heads(x)
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        parts.append(paged.paged_gdn_decode(q, k, v, g, beta, caches.ssm, decode, use_qk_l2norm=True))
+        mix = functools.partial(_paged_decode, paged_ops) if paged else _dispatched_decode
+        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, decode))
         start = stop
     if prefill is not None:
         stop = start + prefill.num_tokens
-        x = paged.paged_conv1d_prefill(qkv[start:stop], conv_weight, caches.conv, prefill)
-        q, k, v = dims.split_heads(x)
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        parts.append(paged.paged_gdn_prefill(q, k, v, g, beta, caches.ssm, prefill, use_qk_l2norm=True))
+        mix = functools.partial(_paged_prefill, paged_ops) if paged else _dispatched_prefill
+        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, prefill))
         start = stop
     rest = qkv.shape[0] - start
     if rest or not parts:
         parts.append(qkv.new_zeros(rest, dims.num_v_heads, dims.head_v_dim))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _paged_decode(paged_ops, dims, qkv, conv_weight, g, beta, caches, step):
+    q, k, v = dims.split_heads(paged_ops.paged_conv1d_decode(qkv, conv_weight, caches.conv, step))
+    return paged_ops.paged_gdn_decode(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
+
+
+def _paged_prefill(paged_ops, dims, qkv, conv_weight, g, beta, caches, step):
+    q, k, v = dims.split_heads(paged_ops.paged_conv1d_prefill(qkv, conv_weight, caches.conv, step))
+    return paged_ops.paged_gdn_prefill(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
+
+
+def _dispatched_decode(dims, qkv, conv_weight, g, beta, caches, step):
+    pages, ssm = step.pages, caches.ssm
+    q, k, v = dims.split_heads(ops.conv1d_decode(qkv, conv_weight, caches.conv, pages))
+    if ssm.dtype == torch.float32:
+        return ops.gdn_decode(q, k, v, g, beta, ssm, pages, use_qk_l2norm=True)
+    staged = ssm.index_select(0, pages).float()  # a bf16 recurrent cache, staged through float32 rows
+    o = ops.gdn_decode(q, k, v, g, beta, staged, torch.arange(staged.shape[0], device=pages.device),
+                       use_qk_l2norm=True)
+    ssm.index_copy_(0, pages, staged.to(ssm.dtype))
+    return o
+
+
+def _dispatched_prefill(dims, qkv, conv_weight, g, beta, caches, step):
+    real = int(step.query_start_loc[-1])  # host read: eager only
+    pages, fresh, bounds = step.pages, ~step.has_state, step.query_start_loc
+    conv0 = torch.where(fresh[:, None, None], 0, caches.conv.index_select(0, pages))
+    x, conv1 = ops.conv1d_prefill(qkv[:real], conv_weight, bounds, initial_state=conv0)
+    caches.conv.index_copy_(0, pages, conv1.to(caches.conv.dtype))
+    q, k, v = dims.split_heads(x)
+    ssm0 = torch.where(fresh[:, None, None, None], 0, caches.ssm.index_select(0, pages).float())
+    o, ssm1 = ops.gdn_prefill(q, k, v, g[:real], beta[:real], bounds, initial_state=ssm0, use_qk_l2norm=True)
+    caches.ssm.index_copy_(0, pages, ssm1.to(caches.ssm.dtype))
+    return torch.cat([o, o.new_zeros(qkv.shape[0] - real, dims.num_v_heads, dims.head_v_dim)])

@@ -9,7 +9,10 @@ shell); this module only adapts vLLM's pieces to it:
   per block, block 0 being vLLM's null block (never a request's: the ops' pad page);
 - metadata: vLLM's ``GDNAttentionMetadata`` (decodes ordered before prefills) becomes
   ``ops.DecodeStep`` / ``ops.PrefillStep``, built and checked on the host once per step
-  and shared by every GDN layer of the step.
+  and shared by every GDN layer of the step;
+- backend: the trace-safe paged ops (torch math) by default; when ``$VLLM_GDN_BACKEND``
+  chooses another backend (``nki`` in its interpreter, ``vllm_cpu``) the same step runs
+  through the public ops that dispatch to it (``gdn_mix(..., paged=False)``).
 
 A step without this layer's metadata is refused, except vLLM's profiling run: vLLM runs
 the model once with ``attn_metadata=None`` before it allocates the cache, and then no
@@ -29,6 +32,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
+from vllm_gdn_neuron.ops.dispatch import select_backend
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.layers.norms import GatedRMSNorm
 
@@ -144,22 +148,16 @@ class GatedDeltaNet(nn.Module, MambaBase):
         qkv, z = qkvz.split([2 * self.key_dim + self.value_dim, self.value_dim], dim=-1)
         b, a = ba.split([self.num_v_heads, self.num_v_heads], dim=-1)
 
-        metadata = get_forward_context().attn_metadata
-        step = metadata.get(self.prefix) if isinstance(metadata, dict) else None
         cache = getattr(self, "kv_cache", ())
-        if step is None and len(cache):
-            raise RuntimeError(
-                f"{self.prefix}: no GatedDeltaNet metadata in this step (attn_metadata "
-                f"{'is None' if metadata is None else 'has no entry for the layer'}) although the layer's "
-                f"cache is bound; the states cannot advance"
-            )
+        step = layer_metadata(get_forward_context().attn_metadata, self.prefix, cache_bound=len(cache) > 0)
         if step is None:  # vLLM's profiling run, before any cache exists
             core = qkv.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)
         else:
             conv_cache, ssm_cache = cache
             decode, prefill = engine_step(step, conv_cache.shape[0])
+            paged = select_backend("auto", "gdn_prefill", qkv.device).__name__.endswith(".torch")
             core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
-                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill)
+                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill, paged=paged)
         out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
         out, _ = self.out_proj(out.view(num_tokens, self.value_dim))
         return out
@@ -190,6 +188,26 @@ class _ConvWeight(nn.Module):
         parts = full.split(list(self.part_sizes), dim=0)
         local = [part[_rank_slice(part.shape[0], self.tp_size, self.tp_rank)] for part in parts]
         param.data.copy_(torch.cat(local, dim=0))
+
+
+def layer_metadata(attn_metadata, prefix: str, cache_bound: bool):
+    """This layer's entry of the step's ``attn_metadata``, or None in vLLM's profiling run.
+
+    The profiling run is the one step with no metadata and no cache bound yet; any other
+    step without this layer's entry would leave the states where they are and serve
+    zeros, so it is refused.
+
+    Raises:
+        RuntimeError: naming the layer, when the entry is missing but the cache is bound.
+    """
+    step = attn_metadata.get(prefix) if isinstance(attn_metadata, dict) else None
+    if step is None and cache_bound:
+        missing = "is None" if attn_metadata is None else "has no entry for the layer"
+        raise RuntimeError(
+            f"{prefix}: no GatedDeltaNet metadata in this step (attn_metadata {missing}) although the "
+            f"layer's cache is bound; the states cannot advance"
+        )
+    return step
 
 
 _last_step: list = [None, None]  # (vLLM's metadata object, its steps): one entry, the current step

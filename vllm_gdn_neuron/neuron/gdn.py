@@ -148,7 +148,7 @@ class NeuronGatedDeltaNet(nn.Module):
         caches = GDNCaches(conv=conv, ssm=ssm)
         core = gdn_mix(self.dims, self.in_proj_qkv(hidden), self.in_proj_a(hidden), self.in_proj_b(hidden),
                        self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill,
-                       paged=self.paged_ops)
+                       paged_ops=self.paged_ops)
         self.state_pages.index_copy_(0, step.write_pages,
                                      self.layout.join(caches.conv, caches.ssm, self.state_pages.shape[1]))
         z = self.in_proj_z(hidden).view(tokens, self.dims.num_v_heads, self.dims.head_v_dim)

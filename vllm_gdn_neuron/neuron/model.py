@@ -50,20 +50,22 @@ def model_dtype(text_config) -> torch.dtype:
     return raw if isinstance(raw, torch.dtype) else _DTYPES[str(raw).replace("torch.", "")]
 
 
-def _engine_limits() -> tuple[int | None, int | None]:
-    """``(max_model_len, max_num_seqs)`` of the engine being set up, when vLLM has a current config."""
+def _engine_settings() -> tuple[int | None, int | None, torch.dtype | None]:
+    """``(max_model_len, max_num_seqs, dtype)`` of the engine being set up, when vLLM has a current
+    config (the runner builds the model inside one), else Nones."""
     import sys
 
     vllm_config_module = sys.modules.get("vllm.config")
     if vllm_config_module is None:
-        return None, None
+        return None, None, None
     try:
         vllm_config = vllm_config_module.get_current_vllm_config()
     except AssertionError:  # no engine config set (e.g. a model built outside an engine)
-        return None, None
+        return None, None, None
     model_config = vllm_config.model_config
-    return (model_config.max_model_len if model_config is not None else None,
-            vllm_config.scheduler_config.max_num_seqs)
+    if model_config is None:
+        return None, vllm_config.scheduler_config.max_num_seqs, None
+    return model_config.max_model_len, vllm_config.scheduler_config.max_num_seqs, model_config.dtype
 
 
 class NeuronDecoderLayer(nn.Module):
@@ -94,7 +96,10 @@ class NeuronDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.mixer(positions, hidden, attn_metadata[self.mixer.layer_name], is_decode)
+        name = self.mixer.layer_name
+        if name not in attn_metadata:
+            raise ValueError(f"attn_metadata has no entry for layer {name!r}: the step cannot advance its cache")
+        hidden = self.mixer(positions, hidden, attn_metadata[name], is_decode)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.tp_group.all_reduce(self.mlp(hidden)), residual
 
@@ -135,9 +140,10 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         self.tp_group = tp_group if tp_group is not None else current_tp_group()
         tp = self.tp_group.world_size
         check_text_config(config, tp)
-        check_neuron_config(neuron_config, config, *_engine_limits())
+        max_model_len, max_num_seqs, engine_dtype = _engine_settings()
+        check_neuron_config(neuron_config, config, max_model_len, max_num_seqs)
         self.config = config
-        self.dtype = model_dtype(config)
+        self.dtype = engine_dtype or model_dtype(config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False)
                                         or getattr(config, "tie_word_embeddings", False))
         self.vocab_shards = tp if config.vocab_size % tp == 0 else 1

@@ -1,0 +1,127 @@
+"""What the Neuron shell cannot serve fails at start-up (``from_configs`` / ``load_weights``), naming the field."""
+
+import copy
+import json
+import pathlib
+import shutil
+import types
+
+import pytest
+import torch
+
+from runner import NeuronConfigStandIn
+from vllm_gdn_neuron.neuron.checks import check_neuron_config
+from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+
+
+@pytest.fixture(scope="module")
+def dense_config(tiny_model):
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(tiny_model("qwen3_5-dense"))
+
+
+def _build(config, neuron_config=None, **kwargs):
+    with torch.device("meta"):
+        return Qwen3_5NeuronForCausalLM.from_configs(config, neuron_config, **kwargs)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("linear_key_head_dim", 160, r"linear_key_head_dim must be in \[1, 128\] \(one NKI partition tile\); got 160"),
+    ("linear_value_head_dim", 256, r"linear_value_head_dim must be in \[1, 128\].*got 256"),
+    ("linear_num_value_heads", 3, "linear_num_value_heads must be a positive multiple of linear_num_key_heads; "
+                                  "got linear_num_value_heads=3, linear_num_key_heads=2"),
+    ("linear_conv_kernel_dim", 0, "linear_conv_kernel_dim must be >= 1; got 0"),
+    ("hidden_act", "gelu", "hidden_act must be 'silu'; got 'gelu'"),
+    ("attention_bias", True, "attention_bias must be False"),
+    ("layer_types", ["linear_attention", "sliding_attention", "linear_attention", "full_attention"],
+     "layer_types\\[1\\] must be 'linear_attention' or 'full_attention'; got 'sliding_attention'"),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0},
+     "rope_parameters.rope_type must be 'default'.*got 'yarn'"),
+])
+def test_unservable_checkpoints_are_refused_by_from_configs(dense_config, field, value, message):
+    config = copy.deepcopy(dense_config)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=message):
+        _build(config)
+
+
+@pytest.mark.parametrize(("neuron_config", "message"), [
+    (NeuronConfigStandIn(num_batched_tokens_buckets=[128, 8192]),
+     r"neuron_config.num_batched_tokens_buckets must not exceed max_position_embeddings=4096; got \[128, 8192\]"),
+    (NeuronConfigStandIn(num_batched_tokens_buckets=[0, 64]),
+     r"neuron_config.num_batched_tokens_buckets must hold integers >= 1; got \[0, 64\]"),
+    (NeuronConfigStandIn(num_seqs_buckets=[4, 2.5]), r"neuron_config.num_seqs_buckets must hold integers >= 1"),
+    (NeuronConfigStandIn(on_device_sampling_config=object()), "neuron_config.on_device_sampling_config must be None"),
+    (NeuronConfigStandIn(quantization="fp8"), "neuron_config.quantization must be None.*got 'fp8'"),
+])
+def test_unservable_neuron_configs_are_refused_by_from_configs(dense_config, neuron_config, message):
+    with pytest.raises(ValueError, match=message):
+        _build(dense_config, neuron_config)
+
+
+def test_buckets_beyond_the_engine_limits_are_refused(dense_config):
+    buckets = NeuronConfigStandIn(num_batched_tokens_buckets=[64, 1024], num_seqs_buckets=[8, 16])
+    with pytest.raises(ValueError, match=r"num_batched_tokens_buckets must not exceed max_model_len=512"):
+        check_neuron_config(buckets, dense_config, max_model_len=512, max_num_seqs=16)
+    with pytest.raises(ValueError, match=r"num_seqs_buckets must not exceed max_num_seqs=8; got \[8, 16\]"):
+        check_neuron_config(buckets, dense_config, max_model_len=2048, max_num_seqs=8)
+
+
+def test_tensor_parallel_splits_that_do_not_fit_are_refused(dense_config):
+    group = types.SimpleNamespace(world_size=4, rank_in_group=0)
+    with pytest.raises(ValueError, match="tensor_parallel_size must divide linear_num_key_heads=2; got tensor_parallel_size=4"):
+        with torch.device("meta"):
+            Qwen3_5NeuronForCausalLM(dense_config, None, tp_group=group)
+
+
+def test_a_vision_neuron_config_is_refused(dense_config):
+    with pytest.raises(ValueError, match="vision_neuron_config must be None"):
+        _build(dense_config, text_neuron_config=NeuronConfigStandIn(), vision_neuron_config=object())
+
+
+def _checkpoint_without(tmp_path, source, drop=None, reshape=None):
+    """A copy of ``source`` with one tensor dropped or replaced by a wrongly shaped one."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(source, folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    name = drop or reshape
+    shard = folder / index["weight_map"][name]
+    tensors = load_file(str(shard))
+    if drop:
+        del tensors[name]
+        del index["weight_map"][name]
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        tensors[name] = torch.zeros(3, 3, dtype=torch.bfloat16)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize(("drop", "reshape", "message"), [
+    ("model.layers.3.self_attn.k_norm.weight", None,
+     r"the checkpoint does not provide 1 parameters: \['model.layers.3.self_attn.k_norm.weight'\]"),
+    (None, "model.layers.0.linear_attn.out_proj.weight",
+     r"checkpoint tensor 'model.layers.0.linear_attn.out_proj.weight': this rank's slice of "
+     r"'model.layers.0.linear_attn.out_proj.weight' must have shape \(64, 64\); got \(3, 3\)"),
+])
+def test_load_weights_refuses_an_incomplete_or_misshaped_checkpoint(tmp_path, tiny_model, dense_config, drop, reshape,
+                                                                    message):
+    folder = _checkpoint_without(tmp_path, pathlib.Path(tiny_model("qwen3_5-dense")), drop, reshape)
+    model = _build(dense_config)
+    with pytest.raises(ValueError, match=message):
+        model.load_weights(str(folder), "cpu", None)
+
+
+@pytest.mark.slow
+def test_from_configs_reads_the_engine_limits_of_the_current_vllm_config(dense_config):
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig, set_current_vllm_config
+
+    scheduler = SchedulerConfig(max_num_seqs=4, max_model_len=512, max_num_batched_tokens=256,
+                                is_encoder_decoder=False)
+    with set_current_vllm_config(VllmConfig(scheduler_config=scheduler, cache_config=CacheConfig(block_size=32))):
+        with pytest.raises(ValueError, match=r"neuron_config.num_seqs_buckets must not exceed max_num_seqs=4; got \[2, 8\]"):
+            _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 8]))
+        _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 4]))
