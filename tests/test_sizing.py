@@ -238,6 +238,16 @@ def test_tiny_device_config_holds_its_sequences(tiny_models, name):
     result = sizing.resolve(str(tiny_models[name]), config, {})
     assert result.serving.num_gpu_blocks_override == result.blocks_for_max_num_seqs
     assert result.fits
+    import types
+
+    import transformers
+
+    from vllm_gdn_neuron.neuron.checks import check_neuron_config
+
+    settings = yaml.safe_load(config.read_text())
+    text_config = transformers.AutoConfig.from_pretrained(tiny_models[name])
+    check_neuron_config(types.SimpleNamespace(**settings["additional-config"]["neuron_config"]), text_config,
+                        settings["max-model-len"], settings["max-num-seqs"])
 
 
 def test_small_real_device_config_holds_its_sequences():
@@ -248,3 +258,20 @@ def test_small_real_device_config_holds_its_sequences():
     result = sizing.size(four_layers, sizing.ServingConfig.from_yaml(settings))
     assert result.serving.num_gpu_blocks_override == result.blocks_for_max_num_seqs
     assert result.fits
+
+
+@pytest.mark.parametrize("path", TRN2_CONFIGS, ids=lambda p: p.name)
+def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
+    """What the Neuron shell refuses at start-up (neuron/checks.py) is not in a shipped config."""
+    import types
+
+    import transformers
+
+    from vllm_gdn_neuron.neuron.checks import check_neuron_config, check_text_config
+
+    settings = yaml.safe_load(path.read_text())
+    class_name, overrides, _ = sizing.PUBLISHED[settings["model"]]
+    text_config = getattr(transformers, class_name)(**overrides)
+    check_text_config(text_config, settings["tensor-parallel-size"])
+    neuron_config = types.SimpleNamespace(**settings["additional-config"]["neuron_config"])
+    check_neuron_config(neuron_config, text_config, settings["max-model-len"], settings["max-num-seqs"])
