@@ -12,7 +12,7 @@ host reads in any ATen graph (none), and greedy ids (equal to transformers', fp3
 import pytest
 import torch
 
-from oracle import hf_greedy
+from neuron_testing import oracle
 from runner import HarnessRunner, host_reads, serve
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
@@ -55,7 +55,7 @@ def check(result, model_dir, workload, dtype=torch.float32):
     kinds = {step[0] for step in result["steps"]}
     assert kinds == {"prefill", "decode"} and len(result["steps"]) >= 2 * len(workload)
     for prompt, got, (_, new_tokens, _) in zip(result["prompts"], result["ids"], workload):
-        want, _ = hf_greedy(model_dir, dtype, prompt, new_tokens)
+        want, _ = oracle.hf_greedy(model_dir, dtype, prompt, new_tokens)
         assert got == want, (len(prompt), got, want)
 
 

@@ -56,7 +56,7 @@ def _rank_main(rank, world, init_file, model_dir, workload, out_file):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3-next"])
 def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
-    from oracle import hf_greedy
+    from neuron_testing import oracle
 
     model_dir = tiny_model(model)
     generator = torch.Generator().manual_seed(5)
@@ -67,5 +67,5 @@ def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
                        start_method="spawn")
     ids = torch.load(out_file)
     for (prompt, new_tokens, _), got in zip(workload, ids):
-        want, _ = hf_greedy(model_dir, torch.float32, prompt, new_tokens)
+        want, _ = oracle.hf_greedy(model_dir, torch.float32, prompt, new_tokens)
         assert got == want

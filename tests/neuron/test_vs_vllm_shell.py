@@ -10,7 +10,7 @@ import pathlib
 import pytest
 import torch
 
-from conftest import builder, e2e
+from neuron_testing import builder, e2e
 from test_harness import FAST_WORKLOAD, check, run_harness
 
 

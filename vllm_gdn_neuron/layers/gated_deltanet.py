@@ -16,7 +16,6 @@ shells adapt their engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep
 their cache into ``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
 """
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -136,17 +135,18 @@ def gdn_mix(
     """
     parts = []
     start = 0
-    if decode is not None:
-        stop = start + decode.num_rows
+    step_parts = (
+        (decode, decode.num_rows if decode else 0,
+         _paged(paged_ops.paged_conv1d_decode, paged_ops.paged_gdn_decode) if paged else _dispatched_decode),
+        (prefill, prefill.num_tokens if prefill else 0,
+         _paged(paged_ops.paged_conv1d_prefill, paged_ops.paged_gdn_prefill) if paged else _dispatched_prefill),
+    )
+    for step, size, mix in step_parts:
+        if step is None:
+            continue
+        stop = start + size
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        mix = functools.partial(_paged_decode, paged_ops) if paged else _dispatched_decode
-        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, decode))
-        start = stop
-    if prefill is not None:
-        stop = start + prefill.num_tokens
-        g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        mix = functools.partial(_paged_prefill, paged_ops) if paged else _dispatched_prefill
-        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, prefill))
+        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, step))
         start = stop
     rest = qkv.shape[0] - start
     if rest or not parts:
@@ -154,14 +154,14 @@ def gdn_mix(
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def _paged_decode(paged_ops, dims, qkv, conv_weight, g, beta, caches, step):
-    q, k, v = dims.split_heads(paged_ops.paged_conv1d_decode(qkv, conv_weight, caches.conv, step))
-    return paged_ops.paged_gdn_decode(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
+def _paged(conv_op, gdn_op):
+    """One part of the step through a paged conv op and the paged gated delta rule after it."""
 
+    def mix(dims, qkv, conv_weight, g, beta, caches, step):
+        q, k, v = dims.split_heads(conv_op(qkv, conv_weight, caches.conv, step))
+        return gdn_op(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
 
-def _paged_prefill(paged_ops, dims, qkv, conv_weight, g, beta, caches, step):
-    q, k, v = dims.split_heads(paged_ops.paged_conv1d_prefill(qkv, conv_weight, caches.conv, step))
-    return paged_ops.paged_gdn_prefill(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
+    return mix
 
 
 def _dispatched_decode(dims, qkv, conv_weight, g, beta, caches, step):
