@@ -109,6 +109,7 @@ def gdn_mix(
     prefill: "ops.PrefillStep | None",
     *,
     paged: bool = True,
+    paged_ops=ops,
 ) -> torch.Tensor:
     """Run the decode rows, then the prefill tokens, of one step; the pages advance in place.
 
@@ -126,6 +127,8 @@ def gdn_mix(
             graph). False: the public ops, which dispatch to ``$VLLM_GDN_BACKEND`` (``nki``
             in its interpreter, ``vllm_cpu``) and check their inputs on the host at every
             call: eager engines only.
+        paged_ops: the provider of the four paged ops: ``ops`` (torch math), or
+            ``ops.paged_nki`` (the NKI kernels through their adapter, same signatures).
 
     Returns:
         ``core [T, Hv, Dv]`` in qkv's dtype; zeros for tokens of neither part.
@@ -133,8 +136,10 @@ def gdn_mix(
     parts = []
     start = 0
     step_parts = (
-        (decode, decode.num_rows if decode else 0, _paged_decode if paged else _dispatched_decode),
-        (prefill, prefill.num_tokens if prefill else 0, _paged_prefill if paged else _dispatched_prefill),
+        (decode, decode.num_rows if decode else 0,
+         _paged(paged_ops.paged_conv1d_decode, paged_ops.paged_gdn_decode) if paged else _dispatched_decode),
+        (prefill, prefill.num_tokens if prefill else 0,
+         _paged(paged_ops.paged_conv1d_prefill, paged_ops.paged_gdn_prefill) if paged else _dispatched_prefill),
     )
     for step, size, mix in step_parts:
         if step is None:
@@ -157,10 +162,6 @@ def _paged(conv_op, gdn_op):
         return gdn_op(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
 
     return mix
-
-
-_paged_decode = _paged(ops.paged_conv1d_decode, ops.paged_gdn_decode)
-_paged_prefill = _paged(ops.paged_conv1d_prefill, ops.paged_gdn_prefill)
 
 
 def _dispatched_decode(dims, qkv, conv_weight, g, beta, caches, step):

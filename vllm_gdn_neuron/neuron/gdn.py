@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops import paged_nki
 from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.layers.norms import GatedRMSNorm
 from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, GDNPageLayout
@@ -112,6 +113,9 @@ class NeuronGatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(dims.head_v_dim, eps=config.rms_norm_eps).to(dtype)
         self.out_proj = nn.Linear(dims.value_dim, hidden, bias=False, dtype=dtype)
         self.state_pages: torch.Tensor | None = None
+        # The NKI kernels where the nki backend is chosen (a Neuron SDK present, or
+        # VLLM_GDN_BACKEND=nki), else the torch math; chosen once, outside any traced forward.
+        self.paged_ops = paged_nki.select("auto", torch.device("meta"))
 
     def kv_spec(self) -> RecurrentLayerSpec:
         return RecurrentLayerSpec(name=self.layer_name, shapes=(self.layout.conv_shape, self.layout.ssm_shape),
@@ -143,7 +147,8 @@ class NeuronGatedDeltaNet(nn.Module):
         conv, ssm = self.layout.split(rows)
         caches = GDNCaches(conv=conv, ssm=ssm)
         core = gdn_mix(self.dims, self.in_proj_qkv(hidden), self.in_proj_a(hidden), self.in_proj_b(hidden),
-                       self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill)
+                       self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill,
+                       paged_ops=self.paged_ops)
         self.state_pages.index_copy_(0, step.write_pages,
                                      self.layout.join(caches.conv, caches.ssm, self.state_pages.shape[1]))
         z = self.in_proj_z(hidden).view(tokens, self.dims.num_v_heads, self.dims.head_v_dim)

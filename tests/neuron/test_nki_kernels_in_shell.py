@@ -1,0 +1,57 @@
+"""The Neuron shell's GDN layers through the NKI kernels (the interpreter behind the adapter
+on the CPU): the same greedy ids as the torch core, and every step served by the kernels.
+
+Eager (``compile=False``): the CPU interpreter runs NumPy, which torch.compile cannot trace;
+on a device the adapter's ops are registered with torch-neuronx and the shell is compiled.
+"""
+
+import collections
+
+import pytest
+import torch
+
+from runner import HarnessRunner, serve
+from vllm_gdn_neuron.kernels import nki_call
+from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+
+# (prompt length, new tokens, arrival step): a one-token prompt, a prompt longer than the
+# prefill bucket (two chunks, the second from the first's state), decode batches of 1 to 3.
+WORKLOAD = [(1, 3, 0), (40, 3, 0), (7, 4, 2)]
+
+
+def _serve(model_dir, monkeypatch, backend):
+    monkeypatch.setenv("VLLM_GDN_BACKEND", backend)
+    runner = HarnessRunner(Qwen3_5NeuronForCausalLM, model_dir, dtype="float32", prefill_buckets=(32,),
+                           decode_buckets=(4,), num_blocks=24, compile=False)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 512, (n,), generator=generator).tolist() for n, _, _ in WORKLOAD]
+    return serve(runner, prompts, [n for _, n, _ in WORKLOAD], [a for _, _, a in WORKLOAD])
+
+
+@pytest.mark.parametrize("model", ["qwen3_5-dense", pytest.param("qwen3_5-moe", marks=pytest.mark.slow)])
+def test_shell_on_the_nki_kernels_gives_the_torch_core_ids(tiny_model, monkeypatch, model):
+    model_dir = tiny_model(model)
+    torch_ids, torch_steps = _serve(model_dir, monkeypatch, "torch")
+
+    launches = collections.Counter()
+    call = nki_call.NkiOp.__call__
+
+    def counting(self, *args, **kwargs):
+        launches[self.name] += 1
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(nki_call.NkiOp, "__call__", counting)
+    nki_ids, nki_steps = _serve(model_dir, monkeypatch, "nki")
+
+    assert nki_steps == torch_steps
+    assert nki_ids == torch_ids
+    gdn_layers = 3  # the tiny models: 3 GatedDeltaNet layers + 1 attention layer
+    prefills = sum(step[0] == "prefill" for step in nki_steps)
+    decodes = sum(step[0] == "decode" for step in nki_steps)
+    assert prefills >= 4 and decodes >= 3
+    assert launches == {
+        "conv1d_prefill": prefills * gdn_layers,
+        "gdn_cte": prefills * gdn_layers,
+        "conv1d_decode": decodes * gdn_layers,
+        "gdn_recurrent_step": decodes * gdn_layers,
+    }
