@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from .backends.torch import chunked, recurrent
 from .backends.torch.common import prepare_qk
 from .conv1d import ACTIVATIONS
+from .dispatch import select_in_place
 from .step import DecodeStep, PrefillStep
 from .validation import (
     ACTIVATION_DTYPES,
@@ -145,7 +146,8 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     ``[k; q]^T S``. Traced (or with a bfloat16 cache) the rows are gathered, stepped and written
     back whole; run eagerly on a float32 cache, the torch backend updates them in place (same
     math, padding rows left out; the gathered copy measured 2.4x slower for 32 rows of
-    32 x 128 x 128 on CPU; the in-place step loops over rows on the host, so eager only).
+    32 x 128 x 128 on CPU; the in-place step loops over rows on the host, so eager only). The
+    in-place step is vLLM's fused C++ decode where ``dispatch.select_in_place`` picks it.
 
     Args:
         q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
@@ -183,11 +185,12 @@ def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm):
     The backend takes distinct pages, so padding rows (which share the pad page) are left out;
     whether there are any is one host read of ``[N]`` booleans, done only eagerly.
     """
+    step_fn = select_in_place("gdn_decode", q, v, ssm_cache, scale) or recurrent.gdn_decode
     if bool(step.is_real.all()):
-        return recurrent.gdn_decode(q, k, v, g, beta, ssm_cache, step.pages, scale, use_qk_l2norm)
+        return step_fn(q, k, v, g, beta, ssm_cache, step.pages, scale, use_qk_l2norm)
     real = step.is_real
     o = v.new_zeros(v.shape)
-    o[real] = recurrent.gdn_decode(q[real], k[real], v[real], g[real], beta[real], ssm_cache, step.pages[real],
+    o[real] = step_fn(q[real], k[real], v[real], g[real], beta[real], ssm_cache, step.pages[real],
                                    scale, use_qk_l2norm)
     return o
 
@@ -196,7 +199,10 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l
     """Chunked gated delta rule over the step's packed prompts, from and back to their pages.
 
     Runs the torch backend's chunked scan on ``step.chunks`` (a layout planned per bucket, or
-    exactly from the host values with ``PrefillStep.build(exact_plan=True)``).
+    exactly from the host values with ``PrefillStep.build(exact_plan=True)``). Eagerly on CPU,
+    where ``dispatch.select_in_place`` finds vLLM's C++ kernel faster for the shape (bf16,
+    Dk = Dv in {64, 128}, float32 cache with contiguous pages), that kernel advances the pages
+    in place instead.
 
     Args:
         q, k: ``[T, Hk, Dk]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -212,6 +218,10 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l
     _check_step(step, PrefillStep)
     dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
     scale = resolve_scale(scale, dim_k)
+    fast = None if torch.compiler.is_compiling() else select_in_place("paged_gdn_prefill", q, v, ssm_cache, scale)
+    if fast is not None:
+        return fast(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.has_state, scale,
+                    bool(use_qk_l2norm))
     o, final = chunked.gdn_prefill(q, k, v, g, beta, None, _initial_rows(ssm_cache, step), scale,
                                    bool(use_qk_l2norm), layout=step.chunks)
     ssm_cache.index_copy_(0, step.pages, final.to(ssm_cache.dtype))

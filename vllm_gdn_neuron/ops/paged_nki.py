@@ -38,7 +38,8 @@ def select(backend, device):
     ``device`` (``"auto"``: ``$VLLM_GDN_BACKEND``, else nki on a Neuron device), else ``ops``
     (the torch math of :mod:`.paged`)."""
     chosen = dispatch.select_backend(backend, "gdn_decode", device)
-    if chosen.__name__.rsplit(".", 1)[-1] == "nki":
+    # Under "auto" on the CPU, the choice may be a per-call chooser object, not a module.
+    if getattr(chosen, "__name__", "") == f"{dispatch.__package__}.backends.nki":
         return sys.modules[__name__]
     from vllm_gdn_neuron import ops
 
