@@ -1,6 +1,6 @@
 """Input builders and the tolerance check shared by the ops tests (imported by them by name).
 
-Tolerances (issue 2): float32 max abs error <= 1e-4 * max|ref| + 1e-6; bfloat16 <= 2e-2 * max|ref|.
+Tolerances: float32 max abs error <= 1e-4 * max|ref| + 1e-6; bfloat16 <= 2e-2 * max|ref|.
 References see exactly the inputs the op sees (bf16 inputs are rounded before either runs).
 """
 

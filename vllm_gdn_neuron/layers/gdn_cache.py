@@ -1,6 +1,6 @@
 """Shapes, dtypes and start-up checks of the GatedDeltaNet states in vLLM's mamba cache.
 
-One cache slot per sequence holds two states (see ``shared/docs/gdn-math.md``):
+One cache slot per sequence holds two states (see ``docs/gdn-math.md``):
 
 - the conv state ``[C, K]``: the last K raw (pre-conv) inputs of the q|k|v channels,
   ``C = (2 * Hk * Dk + Hv * Dv) / tp``, K = ``linear_conv_kernel_dim``;

@@ -2,7 +2,7 @@
 
 Packed varlen layout: the tokens of all sequences end to end, sequence n spanning
 ``cu_seqlens[n]:cu_seqlens[n + 1]``. States are float32, K-major ``[.., Dk, Dv]``
-(see shared/docs/gdn-math.md).
+(see docs/gdn-math.md).
 """
 
 import torch

@@ -1,6 +1,6 @@
 """Chunked prefill of GDN (scalar gates) and GDN-2 (channel-wise gates), float32 throughout.
 
-Per chunk of C tokens with state S0 at its start (shared/docs/gdn-math.md, section 3), with
+Per chunk of C tokens with state S0 at its start (docs/gdn-math.md, section 3), with
 ``G = cumsum(g)`` and the writes ``V' = U - W S0`` the chunk actually makes:
 
     A    strictly lower C x C (beta_r k_r . k_s decayed from s to r), T = (I + A)^-1
