@@ -1,8 +1,10 @@
 """Fixtures of the end-to-end tests: the tiny checkpoints and in-process vLLM engines."""
 
+import concurrent.futures
 import contextlib
 import gc
 import importlib.util
+import multiprocessing
 import os
 import pathlib
 
@@ -59,3 +61,23 @@ def engine(model_dir: str, **kwargs):
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
+
+
+def _greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int, engine_kwargs: dict) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+    with engine(model_dir, **engine_kwargs) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def greedy_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int, **engine_kwargs):
+    """Greedy ids of ``prompts`` (one batch) from an :func:`engine` in a fresh process.
+
+    For multi-GB checkpoints: the process's memory goes back to the system when it
+    exits, which an in-process engine's does not reliably do.
+    """
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_greedy, model_dir, prompts, max_new_tokens, engine_kwargs).result()
