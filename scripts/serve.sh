@@ -23,4 +23,7 @@ else
     model="$MODEL"
     settings=()
 fi
-exec vllm-gdn-serve "$model" --config configs/serve-cpu.yaml "${settings[@]}" --host 127.0.0.1 --port 8000 "$@"
+# Loopback on port 8000 unless the arguments say otherwise (no duplicate flags for vLLM to warn about).
+case " $* " in *" --host"*) ;; *) settings+=(--host 127.0.0.1) ;; esac
+case " $* " in *" --port"*) ;; *) settings+=(--port 8000) ;; esac
+exec vllm-gdn-serve "$model" --config configs/serve-cpu.yaml "${settings[@]}" "$@"

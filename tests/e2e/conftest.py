@@ -34,6 +34,22 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     return {name: str(builder.build(name, out)) for name in builder.MODELS}
 
 
+@pytest.fixture(scope="session")
+def real_dims_checkpoint(tmp_path_factory):
+    """``name -> folder`` of a random checkpoint with published per-layer dims
+    (``builder.REAL_MODELS``), each built on first use (1.5-2.6 GB, ~25 s) and kept for
+    the session."""
+    out = tmp_path_factory.mktemp("real-dims")
+    built: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            built[name] = str(builder.build(name, out))
+        return built[name]
+
+    return get
+
+
 # Small enough for a shared 2-core machine; small batches force chunked prefill.
 ENGINE_DEFAULTS = dict(
     enforce_eager=True,

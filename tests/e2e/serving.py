@@ -158,18 +158,23 @@ def wait_idle(server: Server, timeout_s: float = 60.0) -> None:
         time.sleep(0.5)
 
 
-def resident_bytes(pgid: int) -> int:
-    """Resident memory (VmRSS) of every process in the process group ``pgid``."""
-    total = 0
+def resident_by_process(pgid: int) -> dict[str, int]:
+    """Resident memory (VmRSS, bytes) of each process in the process group ``pgid``, by ``name pid``."""
+    sizes = {}
     for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
+            head, tail = stat.read_text().rsplit(")", 1)
+            if int(tail.split()[2]) != pgid:
                 continue
             status = (stat.parent / "status").read_text()
         except (OSError, IndexError, ValueError):
             continue  # the process ended meanwhile
         match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
         if match:
-            total += int(match.group(1)) * 1024
-    return total
+            sizes[f"{head.split('(', 1)[1]} {stat.parent.name}"] = int(match.group(1)) * 1024
+    return sizes
+
+
+def resident_bytes(pgid: int) -> int:
+    """Resident memory (VmRSS) of every process in the process group ``pgid``."""
+    return sum(resident_by_process(pgid).values())

@@ -9,12 +9,10 @@ others decode.
 
 Memory: each checkpoint is 1.5-2.6 GB in bf16, twice that in fp32. The transformers
 oracle and then the vLLM engine each run in a child process of their own, so only one
-copy of the weights is alive at a time and all of it is returned on exit; each
-checkpoint is deleted when its tests are done.
+copy of the weights is alive at a time and all of it is returned on exit.
 """
 
 import random
-import shutil
 
 import pytest
 import torch
@@ -30,11 +28,8 @@ MODELS = ("qwen3_5-2b-real", "qwen3_5-35b-a3b-real")
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def real_model(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp("real-dims")
-    folder = builder.build(request.param, out)
-    yield str(folder)
-    shutil.rmtree(out, ignore_errors=True)
+def real_model(request, real_dims_checkpoint) -> str:
+    return real_dims_checkpoint(request.param)
 
 
 def test_real_dims_are_the_published_ones():
