@@ -192,7 +192,7 @@ def test_derived_cache_grows_with_memory_up_to_what_the_sequences_can_use(dense)
     checkpoint = load_checkpoint(dense)
     text = checkpoint.text
     caches = []
-    for gib in (2.25, 4, 64):
+    for gib in (3.25, 5, 64):
         settings = cli.derive_settings(checkpoint, {"max-num-seqs": "256"}, (int(gib * GiB), "test"))
         caches.append(settings.cache)
     assert caches[0] < caches[1] == caches[2]  # 256 sequences of 4096 tokens need ~260 MiB here

@@ -17,7 +17,7 @@ import torch
 from oracle import assert_greedy_matches, hf_greedy_in_subprocess
 from serving import REPO, Server, completion, running_server
 
-MEMORY_GIB = 4.0
+MEMORY_GIB = 5.0
 MAX_TOKENS = 6
 
 
