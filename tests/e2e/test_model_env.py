@@ -29,7 +29,8 @@ def model_dir(real_dims_checkpoint) -> str:
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory) -> Server:
     log_path = tmp_path_factory.mktemp("model-env") / "server.log"
-    env = {"MODEL": model_dir, "VLLM_GDN_SERVE_MEMORY_GIB": str(MEMORY_GIB)}
+    # The plugin's torch GDN math, as in test_real_dims.py (whose docstring says why).
+    env = {"MODEL": model_dir, "VLLM_GDN_SERVE_MEMORY_GIB": str(MEMORY_GIB), "VLLM_GDN_BACKEND": "torch"}
     with running_server(log_path, model=pathlib.Path(model_dir).name, env=env) as running:
         yield running
 

@@ -7,6 +7,13 @@ Prompts of 1 to 300 tokens with ids across the whole vocabulary, one mixed batch
 ``max_num_batched_tokens=128``: the long prompt is prefilled in chunks while the
 others decode.
 
+Backend: ``VLLM_GDN_BACKEND=torch`` (the plugin's GDN math, float32 state and
+accumulation). ``auto`` may pick vLLM's C++ CPU kernels for bf16 at these head sizes;
+those keep bf16 intermediates (~0.5 % state error per decode step by their own tests),
+and their greedy ids part from transformers' beyond the bf16 tie rule on these
+checkpoints (seen: 35B-A3B dims, 300-token prompt, step 5, a 6-ulp gap), so they are
+not what this oracle comparison can hold to.
+
 Memory: each checkpoint is 1.5-2.6 GB in bf16, twice that in fp32. The transformers
 oracle and then the vLLM engine each run in a child process of their own, so only one
 copy of the weights is alive at a time and all of it is returned on exit.
@@ -60,7 +67,8 @@ def _prompts(vocab_size: int) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_greedy_ids_match_transformers_at_real_dims(real_model, dtype):
+def test_greedy_ids_match_transformers_at_real_dims(real_model, dtype, monkeypatch):
+    monkeypatch.setenv("VLLM_GDN_BACKEND", "torch")  # the engine's child process inherits it
     torch_dtype = getattr(torch, dtype)
     prompts = _prompts(248_320)
     expected = hf_greedy_in_subprocess(real_model, torch_dtype, prompts, MAX_NEW_TOKENS)
