@@ -14,9 +14,9 @@ all of the growth: allocations of new prompt shapes, flattening out as they repe
 Bounds: the growth from the first round's end to the last round's stays under
 ``MAX_GROWTH_BYTES``, and the last four rounds grow at most half as much as the first
 four (plus ``SLACK_BYTES``): a leak of a fixed amount per request would grow as much in
-both. Measured (2 cores, shared): 345 MiB in all, 262 MiB over rounds 1-5, 76 MiB over
-rounds 6-10; a 2,500-request run flattened to ~4 MiB per 100 requests. Probe requests
-give the same ids before and after.
+both. Measured (MiB, all processes): 345 in all, 252 from round 1 to 5, 74 from round 6
+to 10 on the shared machine; 360, 259, 83 on a quiet one. A 2,500-request run flattened to
+~4 MiB per 100 requests. Probe requests give the same ids before and after.
 """
 
 import uuid
