@@ -5,13 +5,10 @@ Eager (``compile=False``): the CPU interpreter runs NumPy, which torch.compile c
 on a device the adapter's ops are registered with torch-neuronx and the shell is compiled.
 """
 
-import collections
-
 import pytest
 import torch
 
 from runner import HarnessRunner, serve
-from vllm_gdn_neuron.kernels import nki_call
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
 # (prompt length, new tokens, arrival step): a one-token prompt, a prompt longer than the
@@ -29,18 +26,10 @@ def _serve(model_dir, monkeypatch, backend):
 
 
 @pytest.mark.parametrize("model", ["qwen3_5-dense", pytest.param("qwen3_5-moe", marks=pytest.mark.slow)])
-def test_shell_on_the_nki_kernels_gives_the_torch_core_ids(tiny_model, monkeypatch, model):
+def test_shell_on_the_nki_kernels_gives_the_torch_core_ids(tiny_model, monkeypatch, nki_launches, model):
     model_dir = tiny_model(model)
     torch_ids, torch_steps = _serve(model_dir, monkeypatch, "torch")
 
-    launches = collections.Counter()
-    call = nki_call.NkiOp.__call__
-
-    def counting(self, *args, **kwargs):
-        launches[self.name] += 1
-        return call(self, *args, **kwargs)
-
-    monkeypatch.setattr(nki_call.NkiOp, "__call__", counting)
     nki_ids, nki_steps = _serve(model_dir, monkeypatch, "nki")
 
     assert nki_steps == torch_steps
@@ -49,7 +38,7 @@ def test_shell_on_the_nki_kernels_gives_the_torch_core_ids(tiny_model, monkeypat
     prefills = sum(step[0] == "prefill" for step in nki_steps)
     decodes = sum(step[0] == "decode" for step in nki_steps)
     assert prefills >= 4 and decodes >= 3
-    assert launches == {
+    assert nki_launches == {
         "conv1d_prefill": prefills * gdn_layers,
         "gdn_cte": prefills * gdn_layers,
         "conv1d_decode": decodes * gdn_layers,
