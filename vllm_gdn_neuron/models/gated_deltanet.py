@@ -19,6 +19,8 @@ the model once with ``attn_metadata=None`` before it allocates the cache, and th
 state exists to advance; that run (no metadata *and* no cache bound) mixes nothing.
 """
 
+import types
+
 import torch
 from torch import nn
 
@@ -155,7 +157,11 @@ class GatedDeltaNet(nn.Module, MambaBase):
         else:
             conv_cache, ssm_cache = cache
             decode, prefill = engine_step(step, conv_cache.shape[0])
-            paged = select_backend("auto", "gdn_prefill", qkv.device).__name__.endswith(".torch")
+            # torch, and auto's per-call choice on the CPU (an object, not a module), run the paged
+            # ops, which take vLLM's C++ kernels themselves where those win; a backend that
+            # $VLLM_GDN_BACKEND names (nki, vllm_cpu) runs through the public ops.
+            chosen = select_backend("auto", "gdn_prefill", qkv.device)
+            paged = not isinstance(chosen, types.ModuleType) or chosen.__name__.endswith(".torch")
             core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
                            GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill, paged=paged)
         out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
