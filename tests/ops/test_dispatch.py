@@ -195,3 +195,21 @@ def test_in_place_ops_take_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, d
 def test_in_place_refuses_an_unknown_op():
     with pytest.raises(ValueError, match="op_name: expected one of"):
         dispatch.select_in_place("conv1d_decode", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), torch.zeros(1), 0.125)
+
+
+@pytest.mark.parametrize("backend, env, expected", [
+    ("torch", None, "torch"),
+    ("vllm_cpu", None, "vllm_cpu"),
+    ("auto", "torch", "torch"),
+    ("auto", "vllm_cpu", "vllm_cpu"),
+    ("auto", None, "auto"),       # the measured per-call choice
+])
+def test_backend_name_names_what_the_choice_resolves_to(monkeypatch, measured, backend, env, expected):
+    _vllm_cpu()
+    if env is not None:
+        monkeypatch.setenv(dispatch.ENV_VAR, env)
+    assert dispatch.backend_name(backend, "gdn_prefill", CPU) == expected
+
+
+def test_backend_name_of_an_op_without_a_measured_rule_is_torch(measured):
+    assert dispatch.backend_name("auto", "conv1d_prefill", CPU) == "torch"

@@ -19,8 +19,6 @@ the model once with ``attn_metadata=None`` before it allocates the cache, and th
 state exists to advance; that run (no metadata *and* no cache bound) mixes nothing.
 """
 
-import types
-
 import torch
 from torch import nn
 
@@ -34,7 +32,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
-from vllm_gdn_neuron.ops.dispatch import select_backend
+from vllm_gdn_neuron.ops.dispatch import backend_name
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.layers.norms import GatedRMSNorm
 
@@ -157,11 +155,10 @@ class GatedDeltaNet(nn.Module, MambaBase):
         else:
             conv_cache, ssm_cache = cache
             decode, prefill = engine_step(step, conv_cache.shape[0])
-            # torch, and auto's per-call choice on the CPU (an object, not a module), run the paged
-            # ops, which take vLLM's C++ kernels themselves where those win; a backend that
-            # $VLLM_GDN_BACKEND names (nki, vllm_cpu) runs through the public ops.
-            chosen = select_backend("auto", "gdn_prefill", qkv.device)
-            paged = not isinstance(chosen, types.ModuleType) or chosen.__name__.endswith(".torch")
+            # torch, and auto's per-call choice on the CPU, run the paged ops, which take vLLM's
+            # C++ kernels themselves where those win; a backend that $VLLM_GDN_BACKEND names
+            # (nki, vllm_cpu) runs through the public ops.
+            paged = backend_name("auto", "gdn_prefill", qkv.device) in ("torch", "auto")
             core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
                            GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill, paged=paged)
         out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))

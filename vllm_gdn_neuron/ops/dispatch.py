@@ -139,6 +139,17 @@ def select_backend(backend, op_name, device):
     return _require_op(backend, op_name, "backend")
 
 
+def backend_name(backend, op_name, device):
+    """The backend ``select_backend`` resolves ``backend`` to for ``op_name`` on ``device``.
+
+    Returns:
+        A name in ``BACKENDS``, or ``"auto"`` where ``auto`` picks per call (the CPU's
+        measured rules).
+    """
+    chosen = select_backend(backend, op_name, device)
+    return chosen.__name__.rsplit(".", 1)[-1] if isinstance(chosen, types.ModuleType) else "auto"
+
+
 def _require_op(name, op_name, argument):
     module = load_backend(name)
     if not hasattr(module, op_name):

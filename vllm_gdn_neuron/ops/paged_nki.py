@@ -37,9 +37,7 @@ def select(backend, device):
     """The paged ops a layer runs: this module where ``backend`` resolves to ``nki`` for
     ``device`` (``"auto"``: ``$VLLM_GDN_BACKEND``, else nki on a Neuron device), else ``ops``
     (the torch math of :mod:`.paged`)."""
-    chosen = dispatch.select_backend(backend, "gdn_decode", device)
-    # Under "auto" on the CPU, the choice may be a per-call chooser object, not a module.
-    if getattr(chosen, "__name__", "") == f"{dispatch.__package__}.backends.nki":
+    if dispatch.backend_name(backend, "gdn_decode", device) == "nki":
         return sys.modules[__name__]
     from vllm_gdn_neuron import ops
 
