@@ -205,8 +205,9 @@ BF16 = torch.bfloat16
     (BF16, BF16, BF16, (64, 3), "silu", None, False),        # kernel width 4 only
     (BF16, BF16, BF16, (48, 4), "silu", None, False),        # whole 32-channel vectors only
 ])
-def test_in_place_conv_takes_vllm_cpu_where_its_rule_holds(monkeypatch, dtype, weight_dtype, cache_dtype, shape,
-                                                           activation, env, expected):
+@pytest.mark.parametrize("op_name", ["paged_conv1d_prefill", "paged_conv1d_decode"])
+def test_in_place_conv_takes_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, dtype, weight_dtype, cache_dtype,
+                                                           shape, activation, env, expected):
     vllm_cpu = _vllm_cpu()
     if not vllm_cpu.conv_is_available():
         pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
@@ -215,10 +216,10 @@ def test_in_place_conv_takes_vllm_cpu_where_its_rule_holds(monkeypatch, dtype, w
     else:
         monkeypatch.setenv(dispatch.ENV_VAR, env)
     channels, width = shape
-    chosen = dispatch.select_in_place("paged_conv1d_prefill", torch.zeros(3, channels, dtype=dtype),
+    chosen = dispatch.select_in_place(op_name, torch.zeros(3, channels, dtype=dtype),
                                       torch.zeros(shape, dtype=weight_dtype),
                                       torch.zeros(2, channels, width, dtype=cache_dtype), activation)
-    assert chosen is (vllm_cpu.paged_conv1d_prefill if expected else None)
+    assert chosen is (getattr(vllm_cpu, op_name) if expected else None)
 
 
 def test_in_place_refuses_an_unknown_op():

