@@ -11,7 +11,11 @@ Peers:
   vllm  vLLM's C++ CPU kernels chunk_gated_delta_rule_cpu / fused_sigmoid_gating_delta_rule_update_cpu
         (bf16 only; their decode fuses the Qwen3.5 gating, so ours is timed with the gating too)
 
-Every peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin
+A third table times the paged conv1d the layer runs around them (bf16, the real models' C = 8192,
+K = 4): ours (its torch math), auto (vLLM's C++ conv behind the paged op, on AVX-512 BF16 CPUs)
+and vLLM's kernel alone on its own windows.
+
+Every GDN peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin
 within each round (see ``race``); the table shows the best round time of each, the speed-up
 of ours over each peer (peer time / our time, > 1 = ours faster) and the max abs difference
 of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
@@ -158,6 +162,63 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True)
     return _row(race(runs, budget_s, max_rounds=20))
 
 
+CONV_CHANNELS, CONV_WIDTH = 8192, 4  # the real models' q | k | v channels and kernel width
+
+
+def _pinned_torch(fn):
+    """``fn`` with ``$VLLM_GDN_BACKEND=torch``: the paged ops' own torch math, no C++ hooks."""
+    def run():
+        saved = os.environ.get(ops.dispatch.ENV_VAR)
+        os.environ[ops.dispatch.ENV_VAR] = "torch"
+        try:
+            return fn()
+        finally:
+            if saved is None:
+                del os.environ[ops.dispatch.ENV_VAR]
+            else:
+                os.environ[ops.dispatch.ENV_VAR] = saved
+    return run
+
+
+def bench_conv(phase, size, num_seqs, budget_s):
+    """Paged conv1d of bf16 C = 8192, K = 4: prefill of ``num_seqs`` fresh sequences of ``size``
+    tokens in all, or decode of ``size`` rows; ours (torch), auto and vLLM's C++ kernel on its own
+    ``[S, C, K - 1]`` windows (no page gather, no K-column windows: its floor)."""
+    gen = torch.Generator().manual_seed(size)
+    weight = torch.randn(CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
+    rows = size if phase == "decode" else num_seqs
+    cache = torch.randn(2 * rows + 1, CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
+    pages = torch.randperm(2 * rows, generator=gen)[:rows] + 1
+    x = torch.randn(size, CONV_CHANNELS, generator=gen).bfloat16()
+    windows = cache[pages, :, 1:].transpose(1, 2).contiguous().transpose(1, 2)
+    indices = torch.arange(rows, dtype=torch.int32)
+    if phase == "decode":
+        step = ops.DecodeStep.build(pages, 0)
+        paged = lambda: ops.paged_conv1d_decode(x, weight, cache, step)  # noqa: E731
+        vllm = lambda: vllm_ops.causal_conv1d_update_cpu(x, windows, weight, None, True, indices, False)  # noqa: E731
+    else:
+        bounds = torch.linspace(0, size, num_seqs + 1).round().to(torch.int32)
+        step = ops.PrefillStep.build(bounds, pages, torch.zeros(num_seqs, dtype=torch.bool), size, exact_plan=True)
+        paged = lambda: ops.paged_conv1d_prefill(x, weight, cache, step)  # noqa: E731
+        vllm = lambda: vllm_ops.causal_conv1d_fwd_cpu(x.T, weight, None, windows, bounds, indices,  # noqa: E731
+                                                      torch.zeros(num_seqs, dtype=torch.bool), True, False).T
+    runs = {"ours": _pinned_torch(paged), "auto": paged}
+    if HAVE_VLLM and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported():
+        runs["vllm"] = vllm
+    return _row(race(runs, budget_s, max_rounds=20))
+
+
+def print_conv_table(rows):
+    print("\nPaged conv1d (bf16, C = 8192, K = 4; vLLM C++ on its own K - 1 windows, no page gather)")
+    print("| phase | tokens / rows | sequences | ours ms | auto ms | vLLM C++ ms | auto vs ours | auto vs vLLM "
+          "| max abs diff vLLM |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (phase, size, seqs), r in rows:
+        print(f"| {phase} | {size} | {seqs} | {fmt_ms(r['ours'])} | {fmt_ms(r['auto'])} | {fmt_ms(r.get('vllm'))} "
+              f"| {fmt_ratio(r['ours'], r['auto'])} | {fmt_ratio(r.get('vllm'), r['auto'])} "
+              f"| {r.get('vllm_diff', float('nan')):.2e} |")
+
+
 def fmt_ms(seconds):
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
@@ -237,6 +298,11 @@ def main():
               for b in batches for hk, hv in HEADS for d in dtypes]
     if decode:
         print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
+    conv_cases = (("prefill", 2048, 8), ("prefill", 8192, 1), ("decode", 1, 1), ("decode", 32, 32))
+    if args.quick:
+        conv_cases = (("prefill", 2048, 8), ("decode", 1, 1))
+    conv = [(case, bench_conv(*case, args.budget)) for case in conv_cases]
+    print_conv_table(conv)
     print(f"load averages at the end {os.getloadavg()}")
     path = RESULTS / "bench_ops.png"
     plot(prefill, decode, path)

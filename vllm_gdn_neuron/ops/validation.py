@@ -16,6 +16,11 @@ def _dtype_names(dtypes):
     return " or ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
+def _labels(shape):
+    """``[(label, size), ...]`` as the error messages show it: ``"T=5, C"``."""
+    return ", ".join(label if size is None else f"{label}={size}" for label, size in shape)
+
+
 def check_tensor(name, x, shape, dtypes=None):
     """Check that ``x`` is a tensor of ``len(shape)`` dims matching ``shape``.
 
@@ -28,14 +33,14 @@ def check_tensor(name, x, shape, dtypes=None):
     Returns:
         ``x.shape`` as a tuple.
     """
-    labels = ", ".join(label if size is None else f"{label}={size}" for label, size in shape)
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name}: expected a tensor [{labels}], got {type(x).__name__}")
+        raise ValueError(f"{name}: expected a tensor [{_labels(shape)}], got {type(x).__name__}")
     if x.dim() != len(shape):
-        raise ValueError(f"{name}: expected {len(shape)} dims [{labels}], got shape {tuple(x.shape)}")
+        raise ValueError(f"{name}: expected {len(shape)} dims [{_labels(shape)}], got shape {tuple(x.shape)}")
     for axis, (label, size) in enumerate(shape):
         if size is not None and x.shape[axis] != size:
-            raise ValueError(f"{name}: expected shape [{labels}], got {tuple(x.shape)} ({label} = {x.shape[axis]})")
+            raise ValueError(
+                f"{name}: expected shape [{_labels(shape)}], got {tuple(x.shape)} ({label} = {x.shape[axis]})")
     if dtypes is not None and x.dtype not in dtypes:
         raise ValueError(f"{name}: expected dtype {_dtype_names(dtypes)}, got {x.dtype}")
     return tuple(x.shape)
