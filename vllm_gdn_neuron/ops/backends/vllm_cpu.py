@@ -302,4 +302,4 @@ def paged_conv1d_decode(x, weight, conv_cache, pages, is_real, activation):
     windows[..., 0] = windows[..., 1]
     windows[..., 1:] = newest
     conv_cache.index_copy_(0, pages, windows)
-    return torch.where(is_real[:, None], y, 0.0)
+    return y if bool(is_real.all()) else torch.where(is_real[:, None], y, 0.0)
