@@ -227,3 +227,30 @@ def test_vllm_cpu_paged_conv_decode_matches_reference(activation):
     others = torch.ones_like(storage, dtype=torch.bool)
     others[live_pages + [pad_page], 7:7 + channels * 4] = False
     assert torch.equal(storage[others], before_storage[others])
+
+
+@pytest.mark.parametrize("op", ["prefill", "decode"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_vllm_cpu_paged_conv_reads_a_column_slice_of_the_projection(op, tokens):
+    """x as the layer passes it, the q | k | v columns of a wider projection: a step of one token
+    (whose slice ``contiguous()`` leaves with the projection's row stride) and of three, against
+    the float64 conv from the pages' windows."""
+    if not vllm_cpu.conv_is_available():
+        pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
+    channels = 64
+    gen = torch.Generator().manual_seed(tokens)
+    _, cache = _conv_pages(4, channels, 4, gen)
+    before = cache.clone()
+    x = torch.randn(tokens, 3 * channels, generator=gen).to(BF16)[:, channels:2 * channels]
+    weight = (0.5 * torch.randn(channels, 4, generator=gen)).to(BF16)
+    if op == "prefill":
+        bounds = torch.tensor([0, tokens])
+        y = vllm_cpu.paged_conv1d_prefill(x, weight, cache, bounds, torch.tensor([2]), torch.tensor([True]), "silu")
+        y_ref, final_ref = causal_conv1d(x, weight, bounds, before[[2]].double(), "silu")
+        assert torch.equal(cache[[2]].double(), final_ref)
+    else:
+        pages = torch.arange(tokens)
+        y = vllm_cpu.paged_conv1d_decode(x, weight, cache, pages, torch.ones(tokens, dtype=torch.bool), "silu")
+        y_ref, window_ref = causal_conv1d_step(x, weight, before[pages], "silu")
+        assert torch.equal(cache[pages].double(), window_ref)
+    assert_matches(y, y_ref, BF16, "y")

@@ -223,6 +223,15 @@ def _kernel_windows(windows):
     return windows[:, :, 1:].transpose(1, 2).contiguous().transpose(1, 2)
 
 
+def _packed(x):
+    """``x [T, C]`` with the strides of a packed row-major tensor, ``(C, 1)``, copied only if needed.
+
+    ``contiguous()`` is not enough: it keeps the row stride of a single-row slice of a wider
+    projection, and vLLM's conv kernels check the strides themselves ("expect x to be transposed").
+    """
+    return x if x.stride() == (x.shape[1], 1) else x.new_empty(x.shape).copy_(x)
+
+
 def _final_windows(x, initial, query_start_loc):
     """``[S, C, K]``: the last K raw inputs of each sequence, reaching back into its initial window.
 
@@ -267,7 +276,7 @@ def paged_conv1d_prefill(x, weight, conv_cache, query_start_loc, pages, has_stat
         return x.new_zeros(x.shape)
     final = _final_windows(x[:end], initial, bounds)
     y = _conv_kernel()(
-        x=x[:end].contiguous().T, weight=weight.contiguous(), bias=None, conv_states=_kernel_windows(initial),
+        x=_packed(x[:end]).T, weight=weight.contiguous(), bias=None, conv_states=_kernel_windows(initial),
         query_start_loc=bounds.to(torch.int32), cache_indices=torch.arange(len(pages), dtype=torch.int32),
         has_initial_state=torch.ones_like(has_state), silu_activation=activation == "silu",
         is_weight_packed=False).T  # the kernel takes x channel-major: a contiguous [T, C], transposed
@@ -296,7 +305,7 @@ def paged_conv1d_decode(x, weight, conv_cache, pages, is_real, activation):
     windows = conv_cache.index_select(0, pages)
     newest = _kernel_windows(windows)
     y = _conv_step_kernel()(
-        x=x.contiguous(), conv_states=newest, weight=weight.contiguous(), bias=None,
+        x=_packed(x), conv_states=newest, weight=weight.contiguous(), bias=None,
         silu_activation=activation == "silu", conv_state_indices=torch.arange(len(pages), dtype=torch.int32),
         is_weight_packed=False)
     windows[..., 0] = windows[..., 1]
