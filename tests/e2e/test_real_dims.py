@@ -18,7 +18,10 @@ bf16 tie allowance: ``REAL_DIMS_TIE_ULPS`` (8) ulps of the top logit, not the ti
 Through 2048-wide hidden states and a 248,320-row head, two correct bf16 evaluation orders
 part by more: with the shared model math (one definition for the vLLM and the Neuron shell)
 the 35B-A3B dims parted from transformers at step 2 by 0.156 logits (5 ulps) while fp32
-stayed exact. fp32 is held to exact equality.
+stayed exact. On an AVX-512 BF16 CPU without AMX the same step parted by 0.203 logits (13
+ulps), where transformers' fp32 gap was 0.102 and its own bf16 logits were off its fp32 ones
+by up to 0.293: bf16 also gets the oracle's fp32-error rule (``oracle`` module doc). fp32 is
+held to exact equality.
 
 Memory: each checkpoint is 1.5-2.6 GB in bf16, twice that in fp32. The transformers
 oracle and then the vLLM engine each run in a child process of their own, so only one
@@ -31,7 +34,7 @@ import pytest
 import torch
 
 from conftest import builder, greedy_in_subprocess
-from oracle import assert_greedy_matches, hf_greedy_in_subprocess
+from oracle import assert_greedy_matches, hf_greedy_in_subprocess, hf_greedy_with_fp32_in_subprocess
 from test_checkpoint_sizes import served_tensor_sizes
 from vllm_gdn_neuron.checkpoint import load_checkpoint, parameter_count
 
@@ -78,7 +81,11 @@ def test_greedy_ids_match_transformers_at_real_dims(real_model, dtype, monkeypat
     monkeypatch.setenv("VLLM_GDN_BACKEND", "torch")  # the engine's child process inherits it
     torch_dtype = getattr(torch, dtype)
     prompts = _prompts(248_320)
-    expected = hf_greedy_in_subprocess(real_model, torch_dtype, prompts, MAX_NEW_TOKENS)
+    if torch_dtype == torch.bfloat16:
+        expected = hf_greedy_with_fp32_in_subprocess(real_model, prompts, MAX_NEW_TOKENS)
+    else:
+        runs = hf_greedy_in_subprocess(real_model, torch_dtype, prompts, MAX_NEW_TOKENS)
+        expected = [(ids, logits, None) for ids, logits in runs]
     got = greedy_in_subprocess(real_model, prompts, MAX_NEW_TOKENS, dtype=dtype, enable_prefix_caching=False)
-    for ids, (want, want_logits) in zip(got, expected):
-        assert_greedy_matches(ids, want, want_logits, torch_dtype, tie_ulps=REAL_DIMS_TIE_ULPS)
+    for ids, (want, want_logits, fp32_logits) in zip(got, expected):
+        assert_greedy_matches(ids, want, want_logits, torch_dtype, tie_ulps=REAL_DIMS_TIE_ULPS, fp32_logits=fp32_logits)
