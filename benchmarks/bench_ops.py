@@ -56,6 +56,8 @@ def race(runs, budget_s, max_rounds):
 
     One warm-up round, then rounds that run every fn once, until ``budget_s`` has passed (at
     least one round) or ``max_rounds``: a burst of load from elsewhere hits every peer alike.
+    Each round starts one peer later than the last, so no peer always follows the same one
+    (what a peer leaves behind, freed memory or busy threads, then hits each in turn).
 
     Returns:
         ``{name: (best_seconds, result_of_the_warm_up_run)}``.
@@ -64,9 +66,10 @@ def race(runs, budget_s, max_rounds):
     best = {name: float("inf") for name in runs}
     start, rounds = time.perf_counter(), 0
     while rounds < max_rounds and (rounds == 0 or time.perf_counter() - start < budget_s):
-        for name, fn in runs.items():
+        names = list(runs)
+        for name in names[rounds % len(names):] + names[:rounds % len(names)]:
             t = time.perf_counter()
-            fn()
+            runs[name]()
             best[name] = min(best[name], time.perf_counter() - t)
         rounds += 1
     return {name: (best[name], results[name]) for name in runs}
