@@ -77,6 +77,26 @@ def test_real_weights_equal_transformers_parameter_count(name):
     assert counted == _meta_parameter_count(class_name, overrides)
 
 
+_SMALL = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+              linear_value_head_dim=32)
+
+
+@pytest.mark.parametrize("class_name, extra", [
+    ("Qwen3_5TextConfig", dict(intermediate_size=96)),
+    ("Qwen3_5MoeTextConfig", dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=64)),
+    ("Qwen3_5MoeTextConfig", dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=0)),
+])
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_weights_of_small_configs_equal_transformers_parameter_count(class_name, extra, attention_bias):
+    """Settings no published checkpoint uses: attention biases, a MoE without a shared expert."""
+    import transformers
+
+    overrides = dict(_SMALL, **extra, attention_bias=attention_bias)
+    dims = sizing.ModelDims.from_hf(getattr(transformers, class_name)(**overrides), "small", "test")
+    assert sizing.count_weights(dims).total == _meta_parameter_count(class_name, overrides)
+
+
 # HBM used per core after loading weights, measured on trn2.3xlarge (TP 4, bf16, LNC=2):
 # 35B-A3B 16.19 GiB (vllm-neuron's Qwen3.5 example README), 9B 4.24 GiB and 27B 12.72 GiB
 # (aws-samples' Qwen3.5 dense Trainium sample). The measurements include runtime buffers,

@@ -19,6 +19,7 @@ import pathlib
 import types
 
 from vllm_gdn_neuron.plugin import ARCHITECTURES
+from vllm_gdn_neuron.sizing import ModelDims, config_layer_types, count_weights
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The recurrent state is float32 in vLLM's CPU cache (its CPU platform forces it).
@@ -108,7 +109,7 @@ def check_servable(checkpoint: Checkpoint, quantization_config: dict | None) -> 
                      quantization=quantization)
     if checkpoint.dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}; got {checkpoint.dtype!r}")
-    for index, kind in enumerate(layer_types(checkpoint.text)):
+    for index, kind in enumerate(config_layer_types(checkpoint.text)):
         if kind not in ("linear_attention", "full_attention"):
             raise ValueError(f"layer_types[{index}] must be 'linear_attention' or 'full_attention'; got {kind!r}")
 
@@ -141,52 +142,14 @@ def _fetch_hub_config(repo_id: str) -> pathlib.Path:
         ) from None
 
 
-def layer_types(text) -> list[str]:
-    """Each layer's kind: the config's ``layer_types``, else every ``full_attention_interval``-th full."""
-    if getattr(text, "layer_types", None):
-        return list(text.layer_types)
-    interval = text.full_attention_interval
-    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(text.num_hidden_layers)]
-
-
-def _is_moe_layer(text, index: int) -> bool:
-    if not text.num_experts:
-        return False
-    return index not in text.mlp_only_layers and (index + 1) % text.decoder_sparse_step == 0
-
-
 def parameter_count(text) -> int:
-    """Parameters of the text model (embeddings, lm_head unless tied, every layer, final norm).
+    """Parameters of the text model (embeddings, lm_head unless tied, every layer, final norm):
+    ``sizing.count_weights`` of its dimensions.
 
     Multi-token-prediction (``mtp.*``) and vision-tower tensors are not counted: the
     served model does not load them.
     """
-    h, vocab = text.hidden_size, text.vocab_size
-    total = vocab * h * (1 if text.tie_word_embeddings else 2) + h
-    for index, kind in enumerate(layer_types(text)):
-        total += 2 * h  # the two RMSNorms around the mixer
-        if kind == "linear_attention":
-            hk, hv = text.linear_num_key_heads, text.linear_num_value_heads
-            key, value = hk * text.linear_key_head_dim, hv * text.linear_value_head_dim
-            channels = 2 * key + value
-            # q|k|v and z projections, b and a projections, depthwise conv, dt_bias, A_log,
-            # the gated norm over a value head, out_proj.
-            total += h * (channels + value) + h * 2 * hv + channels * text.linear_conv_kernel_dim
-            total += 2 * hv + text.linear_value_head_dim + value * h
-        else:
-            q = text.num_attention_heads * text.head_dim
-            kv = text.num_key_value_heads * text.head_dim
-            # query and its output gate, key, value, output; q_norm and k_norm over a head.
-            total += h * 2 * q + 2 * h * kv + q * h + 2 * text.head_dim
-            if text.attention_bias:
-                total += 2 * q + 2 * kv
-        if _is_moe_layer(text, index):
-            experts = text.num_experts * 3 * h * text.moe_intermediate_size
-            shared = 3 * h * text.shared_expert_intermediate_size + h if text.shared_expert_intermediate_size else 0
-            total += text.num_experts * h + experts + shared
-        else:
-            total += 3 * h * text.intermediate_size
-    return total
+    return count_weights(ModelDims.from_hf(text, name="checkpoint", source="config.json")).total
 
 
 def weight_bytes(text, dtype: str) -> int:
@@ -196,7 +159,7 @@ def weight_bytes(text, dtype: str) -> int:
 
 def kv_bytes_per_token(text, dtype: str) -> int:
     """Key + value cache bytes one token costs over all full-attention layers."""
-    attention_layers = layer_types(text).count("full_attention")
+    attention_layers = config_layer_types(text).count("full_attention")
     return attention_layers * 2 * text.num_key_value_heads * text.head_dim * DTYPE_BYTES[dtype]
 
 
@@ -206,4 +169,4 @@ def state_bytes_per_sequence(text, dtype: str) -> int:
 
     (channels, kernel), (hv, dk, dv) = gdn_state_shapes(text, tp_size=1)
     per_layer = channels * kernel * DTYPE_BYTES[dtype] + hv * dk * dv * RECURRENT_STATE_BYTES
-    return layer_types(text).count("linear_attention") * per_layer
+    return config_layer_types(text).count("linear_attention") * per_layer

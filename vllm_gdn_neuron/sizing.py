@@ -95,6 +95,17 @@ PUBLISHED = {
 }
 
 
+def config_layer_types(text) -> tuple[str, ...]:
+    """Each layer's kind: the config's ``layer_types``, else every ``full_attention_interval``-th
+    layer full attention (Qwen3_5TextConfig builds ``layer_types`` itself; older Qwen3-Next
+    configs may not)."""
+    if getattr(text, "layer_types", None):
+        return tuple(text.layer_types)
+    interval = text.full_attention_interval
+    return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                 for i in range(text.num_hidden_layers))
+
+
 @dataclass(frozen=True)
 class ModelDims:
     """The dimensions of a Qwen3.5 / Qwen3.5-MoE / Qwen3-Next text decoder that size its memory."""
@@ -119,19 +130,18 @@ class ModelDims:
     shared_expert_intermediate_size: int = 0
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    attention_bias: bool = False
 
     @classmethod
     def from_hf(cls, config, name: str, source: str) -> "ModelDims":
         """From a transformers config (a ``text_config`` is used when the config has one)."""
         text = getattr(config, "text_config", None) or config
-        # Qwen3_5TextConfig builds layer_types itself; older Qwen3-Next configs may not.
-        layer_types = tuple(getattr(text, "layer_types", None) or ())
         return cls(
             name=name,
             source=source,
             vocab_size=text.vocab_size,
             hidden_size=text.hidden_size,
-            layer_types=layer_types,
+            layer_types=config_layer_types(text),
             num_attention_heads=text.num_attention_heads,
             num_key_value_heads=text.num_key_value_heads,
             head_dim=text.head_dim,
@@ -147,6 +157,7 @@ class ModelDims:
             shared_expert_intermediate_size=getattr(text, "shared_expert_intermediate_size", 0) or 0,
             decoder_sparse_step=getattr(text, "decoder_sparse_step", 1) or 1,
             mlp_only_layers=tuple(getattr(text, "mlp_only_layers", ()) or ()),
+            attention_bias=bool(getattr(text, "attention_bias", False)),
         )
 
     @property
@@ -291,14 +302,16 @@ def count_weights(dims: ModelDims) -> WeightCount:
             split += dims.conv_channels * dims.linear_conv_kernel_dim + 2 * hv + value_width * h
             replicated += dims.linear_value_head_dim  # the gated norm's weight
         else:
-            # q_proj (query and output gate), o_proj; q_norm, k_norm; k_proj, v_proj
-            split += h * dims.num_attention_heads * d * 2 + dims.num_attention_heads * d * h
-            replicated += 2 * d
-            kv += 2 * h * dims.num_key_value_heads * d
+            # q_proj (query and output gate), o_proj; q_norm, k_norm; k_proj, v_proj; with
+            # attention_bias, biases on all four (o_proj's added after the reduction: replicated)
+            bias = 1 if dims.attention_bias else 0
+            split += (h + bias) * dims.num_attention_heads * d * 2 + dims.num_attention_heads * d * h
+            replicated += 2 * d + bias * h
+            kv += 2 * (h + bias) * dims.num_key_value_heads * d
         if dims.is_moe_layer(index):
             split += dims.num_experts * 3 * h * dims.moe_intermediate_size
             split += 3 * h * dims.shared_expert_intermediate_size
-            replicated += dims.num_experts * h + h  # router, shared-expert gate
+            replicated += dims.num_experts * h + h  # router, shared-expert gate (there even at size 0)
         else:
             split += 3 * h * dims.intermediate_size
     return WeightCount(split=split, replicated=replicated, kv_projections=kv)
