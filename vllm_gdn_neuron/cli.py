@@ -30,6 +30,8 @@ import os
 import pathlib
 import sys
 
+from vllm_gdn_neuron import cpu_memory
+from vllm_gdn_neuron.units import format_bytes, format_count
 from vllm_gdn_neuron.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -115,10 +117,12 @@ def given_settings(args: list[str]) -> dict[str, str | None]:
 
 
 MEMORY_ENV = "VLLM_GDN_SERVE_MEMORY_GIB"
+# vLLM's CPU platform takes the cache size from this (GiB) over --kv-cache-memory-bytes.
+KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
-def available_memory() -> tuple[int, str]:
-    """Bytes the server may use, and where the figure comes from.
+def available_memory(root: pathlib.Path | str = "/") -> tuple[int, str]:
+    """Bytes the server may use on this machine, and where the figure comes from.
 
     ``$VLLM_GDN_SERVE_MEMORY_GIB`` when set (a share of a machine others use too), else
     ``MemAvailable`` of ``/proc/meminfo``, or the cgroup's limit less its usage where
@@ -129,26 +133,100 @@ def available_memory() -> tuple[int, str]:
             return int(float(os.environ[MEMORY_ENV]) * GiB), MEMORY_ENV
         except ValueError:
             raise CheckpointError(f"{MEMORY_ENV} must be a number of GiB; got {os.environ[MEMORY_ENV]!r}") from None
-    available, source = None, "MemAvailable"
-    for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            available = int(line.split()[1]) * 1024
-    limits = (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    )
-    for limit_path, usage_path in limits:
-        try:
-            limit = pathlib.Path(limit_path).read_text().strip()
-            usage = int(pathlib.Path(usage_path).read_text())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and (available is None or int(limit) - usage < available):
-            available, source = int(limit) - usage, "cgroup limit"
-        break
-    if available is None:
-        raise CheckpointError("cannot tell how much memory is available (no MemAvailable in /proc/meminfo)")
+    root = pathlib.Path(root)
+    try:
+        available, source = cpu_memory.machine_memory(root).available, "MemAvailable"
+    except OSError:
+        raise CheckpointError("cannot tell how much memory is available (no MemAvailable in /proc/meminfo)") from None
+    limit, usage = cpu_memory.cgroup_limit_and_usage(root)
+    if limit is not None and limit - (usage or 0) < available:
+        available, source = limit - (usage or 0), "cgroup limit"
     return available, source
+
+
+def world_size(given: dict[str, str | None]) -> int:
+    """vLLM's CPU workers on this machine: tensor x pipeline parallel size."""
+    return int(given.get("tensor-parallel-size") or 1) * int(given.get("pipeline-parallel-size") or 1)
+
+
+def worker_nodes(given: dict[str, str | None], root: pathlib.Path | str = "/") -> list[cpu_memory.WorkerNode]:
+    """Where each of vLLM's CPU workers will run and which NUMA node's memory it checks.
+
+    Raises:
+        CheckpointError: a thread binding vLLM's CPU executor would refuse.
+    """
+    try:
+        return cpu_memory.worker_nodes(cpu_memory.read_topology(root), world_size(given), os.environ)
+    except cpu_memory.PlacementError as error:
+        raise CheckpointError(str(error)) from None
+
+
+def byte_count(value: str) -> int | None:
+    """``--kv-cache-memory-bytes`` as vLLM parses it (``1073741824``, ``8G``, ``25.6k``); ``None`` if not."""
+    value = value.strip()
+    multipliers = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    try:
+        if value[-1:] in multipliers:
+            return int(float(value[:-1]) * multipliers[value[-1]])
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _node_words(workers: list[cpu_memory.WorkerNode], node: int) -> str:
+    on_node = [worker for worker in workers if worker.node == node]
+    memory = on_node[0].memory
+    ranks = ", ".join(f"rank {w.rank} on CPUs {cpu_memory.format_id_list(w.cpus)}" for w in on_node)
+    worker = "worker" if len(on_node) == 1 else "workers"
+    return (f"NUMA node {node}, whose memory vLLM's CPU {worker} ({ranks}) checks, has "
+            f"{format_bytes(memory.available)} free of {format_bytes(memory.total)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """What one memory constraint leaves each worker's cache, and what it needs to start."""
+
+    per_worker: float  # bytes for one worker's cache, before CACHE_SHARE
+    need: float  # bytes the constraint needs to hold the smallest cache
+    where: str  # the constraint in words
+
+
+def cache_room(weights: int, smallest: int, memory: tuple[int, str], workers: list[cpu_memory.WorkerNode]) -> Room:
+    """The tightest of the machine's memory and each checked NUMA node's, for one worker's cache.
+
+    The weights split evenly over the workers; each node holds the runtime and its
+    workers' weights and caches (vLLM binds a worker's allocations to the node it checks).
+    """
+    available, source = memory
+    world = len(workers)
+    rooms = [Room((available - weights - RUNTIME_BYTES) / world,
+                  weights + RUNTIME_BYTES + world * smallest / CACHE_SHARE,
+                  f"{format_bytes(available)} is available ({source})")]
+    for node in sorted({worker.node for worker in workers}):
+        count = sum(worker.node == node for worker in workers)
+        node_available = next(w.memory.available for w in workers if w.node == node)
+        rooms.append(Room((node_available - RUNTIME_BYTES - count * weights / world) / count,
+                          RUNTIME_BYTES + count * (weights / world + smallest / CACHE_SHARE),
+                          _node_words(workers, node)))
+    return min(rooms, key=lambda room: room.per_worker)
+
+
+def check_given_cache(checkpoint: Checkpoint, cache: int, flag: str, weights: int,
+                      workers: list[cpu_memory.WorkerNode]) -> None:
+    """Refuse a cache vLLM's CPU worker would refuse once the weights are loaded on its node.
+
+    Raises:
+        CheckpointError: the node's free memory is below its workers' weights and caches.
+    """
+    world = len(workers)
+    for node in sorted({worker.node for worker in workers}):
+        count = sum(worker.node == node for worker in workers)
+        node_available = next(w.memory.available for w in workers if w.node == node)
+        if count * (weights / world + cache) > node_available:
+            raise CheckpointError(
+                f"MODEL {checkpoint.source!r}: {flag} ({format_bytes(cache)} per worker) and the weights "
+                f"({format_bytes(weights)}) do not fit: {_node_words(workers, node)}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +238,7 @@ class Settings:
     weights: int
     available: int
     available_source: str
+    workers: list[cpu_memory.WorkerNode]
     cache: int | None
     kv_per_token: int
     state_per_sequence: int
@@ -172,13 +251,17 @@ class Settings:
 
     def report(self, checkpoint: Checkpoint) -> str:
         """The lines printed once at start-up."""
+        bind = os.environ.get(cpu_memory.BIND_ENV, "auto")
         lines = [
             f"vllm-gdn-serve: {checkpoint.source} ({checkpoint.architecture}), "
-            f"{parameter_count(checkpoint.text) / 1e6:,.0f} M parameters",
-            f"  weights {self.weights / GiB:.2f} GiB ({self.dtype}); memory available "
-            f"{self.available / GiB:.2f} GiB ({self.available_source}); runtime {RUNTIME_BYTES / GiB:.1f} GiB",
-            f"  KV cache {self.kv_per_token / 1024:.1f} KiB per token; GatedDeltaNet state "
-            f"{self.state_per_sequence / 2**20:.1f} MiB per sequence",
+            f"{format_count(parameter_count(checkpoint.text))} parameters",
+            f"  weights {format_bytes(self.weights)} ({self.dtype}); memory available "
+            f"{format_bytes(self.available)} ({self.available_source}); runtime {format_bytes(RUNTIME_BYTES)}",
+            *(f"  vLLM's CPU worker {w.rank} ({cpu_memory.BIND_ENV}={bind}: CPUs "
+              f"{cpu_memory.format_id_list(w.cpus)}) checks NUMA node {w.node}: {format_bytes(w.memory.available)} "
+              f"free of {format_bytes(w.memory.total)}" for w in self.workers),
+            f"  KV cache {format_bytes(self.kv_per_token)} per token; GatedDeltaNet state "
+            f"{format_bytes(self.state_per_sequence)} per sequence",
         ]
         if self.flags:
             lines.append(f"  derived: {' '.join(self.flags)}")
@@ -191,17 +274,20 @@ class Settings:
         return "\n".join(lines)
 
 
-def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory: tuple[int, str]) -> Settings:
-    """The serving flags ``given`` leaves open, from the checkpoint and ``memory``.
+def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory: tuple[int, str],
+                    workers: list[cpu_memory.WorkerNode]) -> Settings:
+    """The serving flags ``given`` leaves open, from the checkpoint, ``memory`` and the workers' nodes.
 
     Args:
         checkpoint: the checked checkpoint.
         given: :func:`given_settings` of the user's arguments (never overridden).
         memory: ``(bytes available, source)``, as :func:`available_memory` returns.
+        workers: :func:`worker_nodes`: the NUMA node each of vLLM's CPU workers checks.
 
     Raises:
         CheckpointError: the weights, the runtime and the cache of one
-            ``MIN_CONTEXT_TOKENS``-token sequence do not fit ``memory``.
+            ``MIN_CONTEXT_TOKENS``-token sequence per worker do not fit ``memory`` or a
+            worker's NUMA node; or a given cache does not fit its node.
     """
     dtype = given.get("dtype") or "auto"
     dtype = checkpoint.dtype if dtype == "auto" else {"half": "float16", "float": "float32"}.get(dtype, dtype)
@@ -214,24 +300,32 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
     if "served-model-name" not in given:
         flags += ["--served-model-name", checkpoint.name]
     cache = None
-    if "kv-cache-memory-bytes" not in given:
+    if os.environ.get(KVCACHE_SPACE_ENV):
+        given_cache = (byte_count(os.environ[KVCACHE_SPACE_ENV] + "G"), KVCACHE_SPACE_ENV)
+    elif given.get("kv-cache-memory-bytes"):
+        given_cache = (byte_count(given["kv-cache-memory-bytes"]), "--kv-cache-memory-bytes")
+    else:
+        given_cache = None
+    if given_cache is not None:
+        if given_cache[0] is not None:
+            check_given_cache(checkpoint, given_cache[0], given_cache[1], weights, workers)
+    elif "kv-cache-memory-bytes" not in given:
         smallest = state + MIN_CONTEXT_TOKENS * kv_per_token
-        free = available - weights - RUNTIME_BYTES
-        if free * CACHE_SHARE < smallest:
-            need = weights + RUNTIME_BYTES + smallest / CACHE_SHARE
+        room = cache_room(weights, smallest, memory, workers)
+        if room.per_worker * CACHE_SHARE < smallest:
             raise CheckpointError(
-                f"MODEL {checkpoint.source!r}: needs about {need / GiB:.1f} GiB of memory (weights "
+                f"MODEL {checkpoint.source!r}: needs about {room.need / GiB:.1f} GiB of memory (weights "
                 f"{weights / GiB:.1f} GiB in {dtype}, runtime {RUNTIME_BYTES / GiB:.0f} GiB, twice the cache of one "
-                f"{MIN_CONTEXT_TOKENS}-token sequence); {available / GiB:.1f} GiB is available ({source})"
+                f"{MIN_CONTEXT_TOKENS}-token sequence per worker); {room.where}"
             )
         max_num_seqs = int(given.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS)
         max_len = int(given.get("max-model-len") or text.max_position_embeddings)
         useful = max_num_seqs * (state + max_len * kv_per_token)
-        cache = int(min(free * CACHE_SHARE, max(useful, MIN_CACHE_BYTES))) // 2**20 * 2**20
+        cache = int(min(room.per_worker * CACHE_SHARE, max(useful, MIN_CACHE_BYTES))) // 2**20 * 2**20
         flags += ["--kv-cache-memory-bytes", str(cache)]
     if "max-model-len" not in given:
         flags += ["--max-model-len", "-1"]
-    return Settings(flags, dtype, weights, available, source, cache, kv_per_token, state)
+    return Settings(flags, dtype, weights, available, source, workers, cache, kv_per_token, state)
 
 
 def serve_args(args: list[str]) -> list[str]:
@@ -243,7 +337,8 @@ def serve_args(args: list[str]) -> list[str]:
     if not args or args[0].startswith("-"):
         return args  # --help and the like: vLLM answers
     checkpoint = load_checkpoint(args[0])
-    settings = derive_settings(checkpoint, given_settings(args[1:]), available_memory())
+    given = given_settings(args[1:])
+    settings = derive_settings(checkpoint, given, available_memory(), worker_nodes(given))
     print(settings.report(checkpoint), file=sys.stderr, flush=True)
     return [args[0], *settings.flags, *args[1:]]
 

@@ -66,6 +66,13 @@ def test_with_a_real_vllm_nothing_is_patched(monkeypatch):
 GiB = 2**30
 
 
+def _one_node(available_gib: float = 1024.0, total_gib: float = 1024.0) -> list:
+    """One CPU worker on NUMA node 0 with this much memory (the default: more than any test needs)."""
+    from vllm_gdn_neuron.cpu_memory import NodeMemory, WorkerNode
+
+    return [WorkerNode(rank=0, cpus=(0,), node=0, memory=NodeMemory(int(total_gib * GiB), int(available_gib * GiB)))]
+
+
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory) -> str:
     """A small Qwen3.5 checkpoint folder: transformers' config, one placeholder weights file.
@@ -175,7 +182,7 @@ def test_derived_settings_fit_the_memory_and_keep_what_the_user_gave(dense):
 
     checkpoint = load_checkpoint(dense)
     available = 2 * GiB + cli.RUNTIME_BYTES
-    settings = cli.derive_settings(checkpoint, {"max-num-seqs": "4"}, (available, "test"))
+    settings = cli.derive_settings(checkpoint, {"max-num-seqs": "4"}, (available, "test"), _one_node())
     flags = dict(zip(settings.flags[::2], settings.flags[1::2]))
     assert flags["--served-model-name"] == "qwen3_5-dense"
     assert flags["--max-model-len"] == "-1"
@@ -183,7 +190,7 @@ def test_derived_settings_fit_the_memory_and_keep_what_the_user_gave(dense):
     assert cache <= cli.CACHE_SHARE * (available - settings.weights - cli.RUNTIME_BYTES)
     assert cache >= settings.state_per_sequence + cli.MIN_CONTEXT_TOKENS * settings.kv_per_token
     given = {"served-model-name": "mine", "kv-cache-memory-bytes": "1000000", "max-model-len": "512"}
-    assert cli.derive_settings(checkpoint, given, (available, "test")).flags == []
+    assert cli.derive_settings(checkpoint, given, (available, "test"), _one_node()).flags == []
 
 
 def test_derived_cache_grows_with_memory_up_to_what_the_sequences_can_use(dense):
@@ -193,7 +200,7 @@ def test_derived_cache_grows_with_memory_up_to_what_the_sequences_can_use(dense)
     text = checkpoint.text
     caches = []
     for gib in (3.25, 5, 64):
-        settings = cli.derive_settings(checkpoint, {"max-num-seqs": "256"}, (int(gib * GiB), "test"))
+        settings = cli.derive_settings(checkpoint, {"max-num-seqs": "256"}, (int(gib * GiB), "test"), _one_node())
         caches.append(settings.cache)
     assert caches[0] < caches[1] == caches[2]  # 256 sequences of 4096 tokens need ~260 MiB here
     full = 256 * (settings.state_per_sequence + text.max_position_embeddings * settings.kv_per_token)
@@ -203,8 +210,8 @@ def test_derived_cache_grows_with_memory_up_to_what_the_sequences_can_use(dense)
 def test_too_little_memory_is_refused_before_start(dense):
     from vllm_gdn_neuron.checkpoint import CheckpointError, load_checkpoint
 
-    with pytest.raises(CheckpointError, match=r"needs about .* GiB of memory .* 1.0 GiB is available \(test\)"):
-        cli.derive_settings(load_checkpoint(dense), {}, (1 * GiB, "test"))
+    with pytest.raises(CheckpointError, match=r"needs about .* GiB of memory .* 1.00 GiB is available \(test\)"):
+        cli.derive_settings(load_checkpoint(dense), {}, (1 * GiB, "test"), _one_node())
 
 
 def test_memory_env_sets_the_budget(monkeypatch):

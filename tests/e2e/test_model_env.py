@@ -48,7 +48,7 @@ def test_the_checkpoint_is_served_with_settings_derived_from_it(server, model_di
     assert "Auto-fit max_model_len: reduced from 262144" in log
     # The context vLLM fitted is the one the printed arithmetic predicts, up to its page rounding.
     settings = cli.derive_settings(load_checkpoint(model_dir), cli.given_settings(["--config", str(REPO / "configs" / "serve-cpu.yaml")]),
-                                   (int(MEMORY_GIB * cli.GiB), cli.MEMORY_ENV))
+                                   (int(MEMORY_GIB * cli.GiB), cli.MEMORY_ENV), cli.worker_nodes({}))
     estimate = settings.context_estimate(load_checkpoint(model_dir))
     assert 0.9 * estimate <= served_len <= estimate < 262_144
 
