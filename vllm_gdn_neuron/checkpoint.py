@@ -128,18 +128,44 @@ def _looks_like_repo_id(model: str) -> bool:
     return len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
 
 
-def _fetch_hub_config(repo_id: str) -> pathlib.Path:
-    """``config.json`` of a Hugging Face repo (from the local cache when offline)."""
-    from huggingface_hub import hf_hub_download
+# One request, no retries: a Hub that does not answer within this stops the check.
+HUB_PROBE_TIMEOUT_S = 2.0
 
+
+def _fetch_hub_config(repo_id: str) -> pathlib.Path:
+    """``config.json`` of a Hugging Face repo: from the local cache, else fetched from the Hub.
+
+    Before fetching, one request with a ``HUB_PROBE_TIMEOUT_S`` timeout checks that the Hub
+    answers at all (``huggingface_hub`` alone retries an unreachable Hub for ~25 s);
+    with ``HF_HUB_OFFLINE`` set only the cache is read.
+    """
+    from huggingface_hub import constants, hf_hub_download, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.utils import get_session
+
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        return pathlib.Path(cached)
+    unfetched = f"MODEL {repo_id!r}: not a local folder, and its config.json could not be fetched from the Hugging Face Hub"
+    if constants.HF_HUB_OFFLINE:
+        raise CheckpointError(f"{unfetched} (HF_HUB_OFFLINE is set and the local cache {constants.HF_HUB_CACHE} "
+                              "does not hold it)")
+    url = hf_hub_url(repo_id, "config.json")
+    try:
+        get_session().head(url, timeout=HUB_PROBE_TIMEOUT_S, follow_redirects=False)
+    except Exception as error:  # no connection, no name resolution, no answer in time: all end here
+        raise CheckpointError(
+            f"{unfetched} (no answer from {constants.ENDPOINT} in one try of at most {HUB_PROBE_TIMEOUT_S:.0f} s: "
+            f"{type(error).__name__}: {_first_line(error)}); give a local checkpoint folder"
+        ) from None
     try:
         return pathlib.Path(hf_hub_download(repo_id, "config.json"))
-    except Exception as error:  # offline, unknown repo, gated repo: all end the same way
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(
-            f"MODEL {repo_id!r}: not a local folder, and its config.json could not be fetched "
-            f"from the Hugging Face Hub ({type(error).__name__}: {reason})"
-        ) from None
+    except Exception as error:  # unknown repo, gated repo, a failure mid-way: all end the same way
+        raise CheckpointError(f"{unfetched} ({type(error).__name__}: {_first_line(error)})") from None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 def parameter_count(text) -> int:

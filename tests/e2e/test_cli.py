@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -156,6 +157,78 @@ def test_an_unreachable_hub_id_is_refused_in_one_line():
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("vllm-gdn-serve: error: MODEL 'no-such-org/no-such-model': not a local folder, "
                                     "and its config.json could not be fetched from the Hugging Face Hub")
+
+
+@pytest.fixture
+def unanswering_hub():
+    """``(endpoint, connections)``: a local "Hub" that accepts each connection and closes it
+    unanswered; ``connections()`` counts them."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", lambda: len(accepted)
+    server.shutdown(socket.SHUT_RDWR)  # wakes the accept()
+    server.close()
+    thread.join(timeout=5)
+
+
+def test_an_unreachable_hub_is_tried_once_and_refused_in_one_line(tmp_path, unanswering_hub):
+    endpoint, connections = unanswering_hub
+    env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path)}
+    env.pop("HF_HUB_OFFLINE", None)
+    result = subprocess.run(["vllm-gdn-serve", "some-org/some-model"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Retry" not in result.stderr, result.stderr
+    assert f"(no answer from {endpoint} in one try of at most 2 s: " in result.stderr
+    assert connections() == 1
+
+
+def test_a_hub_id_in_the_local_cache_is_read_offline(tmp_path, dense, monkeypatch):
+    import shutil
+
+    from huggingface_hub import constants
+
+    from vllm_gdn_neuron.checkpoint import load_checkpoint
+
+    snapshot = tmp_path / "models--some-org--some-model" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    shutil.copy(pathlib.Path(dense) / "config.json", snapshot / "config.json")
+    (tmp_path / "models--some-org--some-model" / "refs").mkdir()
+    (tmp_path / "models--some-org--some-model" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    checkpoint = load_checkpoint("some-org/some-model")
+    assert (checkpoint.name, checkpoint.architecture) == ("some-org/some-model", "Qwen3_5ForCausalLM")
+
+
+def test_serve_sh_reads_model_from_the_callers_directory(tmp_path):
+    """``MODEL=./folder`` names a folder under the caller's directory, not the repository's."""
+    from serving import REPO
+
+    (tmp_path / "ckpt").mkdir()
+    env = {**os.environ, "MODEL": "./ckpt"}
+    result = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "vllm-gdn-serve: error: MODEL './ckpt': no config.json in the folder (not a Hugging Face checkpoint)")
 
 
 def test_a_refusal_comes_before_vllm_is_imported(tmp_path):
