@@ -463,11 +463,48 @@ def size(dims: ModelDims, serving: ServingConfig) -> Sizing:
 
 
 def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB" if value >= 0.01 * GIB or value == 0 else _mib(value)
+    return f"{value / GIB:.2f} GiB" if abs(value) >= 0.01 * GIB or value == 0 else _mib(value)
 
 
 def _mib(value: float) -> str:
-    return f"{value / MIB:.2f} MiB" if value >= 0.01 * MIB or value == 0 else f"{value / 1024:.1f} KiB"
+    return f"{value / MIB:.2f} MiB" if abs(value) >= 0.01 * MIB or value == 0 else f"{value / 1024:.1f} KiB"
+
+
+def _smallest_fitting_tp(sizing: Sizing) -> Sizing | None:
+    """The sizing at the smallest larger tensor-parallel size the heads allow whose weights fit the cap."""
+    for tp in range(sizing.serving.tensor_parallel_size + 1, 65):
+        try:
+            wider = size(sizing.dims, replace(sizing.serving, tensor_parallel_size=tp))
+        except ValueError:
+            continue
+        if wider.weights_per_core < wider.cap:
+            return wider
+    return None
+
+
+def verdict(sizing: Sizing) -> str:
+    """``fits``, or ``DOES NOT FIT:`` and the first cause: weights over the cap, too few blocks, the cache."""
+    s = sizing.serving
+    if sizing.weights_per_core >= sizing.cap:
+        wider = _smallest_fitting_tp(sizing)
+        remedy = (f"; tensor-parallel-size {wider.serving.tensor_parallel_size} gives "
+                  f"{_gib(wider.weights_per_core)} of weights per core" if wider else
+                  "; no tensor-parallel size up to 64 that the heads allow brings them under it")
+        return (f"DOES NOT FIT: the weights alone take {_gib(sizing.weights_per_core)} per core at "
+                f"tensor-parallel-size {s.tensor_parallel_size}, over the memory cap of {_gib(sizing.cap)}{remedy}")
+    if sizing.sequences < s.max_num_seqs:
+        if s.num_gpu_blocks_override is not None:
+            cause = f"set num-gpu-blocks-override to {sizing.blocks_for_max_num_seqs}"
+        else:
+            cause = (f"the {_gib(sizing.cap - sizing.weights_per_core)} the cap leaves after the weights holds "
+                     f"{sizing.blocks} blocks of {_mib(sizing.block)}; {s.max_num_seqs} sequences need "
+                     f"{sizing.blocks_for_max_num_seqs}")
+        held = f"{sizing.sequences} sequence{'' if sizing.sequences == 1 else 's'}"
+        return f"DOES NOT FIT: the blocks hold {held}, max-num-seqs is {s.max_num_seqs} ({cause})"
+    if not sizing.fits:
+        return (f"DOES NOT FIT: weights + cache (upper bound) exceed the memory cap by "
+                f"{_gib(sizing.weights_per_core + sizing.cache_upper - sizing.cap)}")
+    return "fits"
 
 
 def report(sizing: Sizing) -> str:
@@ -534,14 +571,10 @@ def report(sizing: Sizing) -> str:
         f"  weights + cache (upper)     = {_gib(sizing.weights_per_core + sizing.cache_upper)}"
         f" ({'under' if sizing.weights_per_core + sizing.cache_upper <= sizing.cap else 'OVER'} the cap)",
         f"  headroom per core           = HBM - weights - cache (upper) = {_gib(sizing.headroom)}"
-        " (activations, compiler scratch: not modelled)",
+        " (activations, compiler scratch: not modelled)" if sizing.headroom >= 0 else
+        f"  headroom per core           = none: weights + cache (upper) exceed the HBM by {_gib(-sizing.headroom)}",
+        f"  {verdict(sizing)}",
     ]
-    if sizing.sequences < s.max_num_seqs:
-        lines.append(f"  DOES NOT FIT: the blocks hold {sizing.sequences} sequences, max-num-seqs is {s.max_num_seqs}")
-    elif not sizing.fits:
-        lines.append("  DOES NOT FIT: weights + cache (upper bound) exceed the memory cap")
-    else:
-        lines.append("  fits")
     return "\n".join(lines)
 
 
