@@ -24,8 +24,9 @@ once complete (built aside, then renamed), so ``--if-missing`` never keeps half 
 Real dimensions (``REAL_MODELS``, built only when named: ~1.5-2.6 GB each in bf16): the
 per-layer shapes of published checkpoints with only a few layers (``--layers``, default
 4: three GatedDeltaNet layers and one attention layer) and the full 248,320-token
-vocabulary. The small tokenizer covers ids below 512; any id of the vocabulary can be
-sent as ``prompt_token_ids``.
+vocabulary, with a tokenizer of that many tokens: the 512 trained ones, then one
+pseudo-word per id (``build_tokenizer``), so generated text is never empty; any id of
+the vocabulary can be sent as ``prompt_token_ids``.
 
 | name | architecture | dimensions of |
 |---|---|---|
@@ -94,11 +95,33 @@ def corpus(num_lines: int = 400, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + "." for _ in range(num_lines)]
 
 
-def build_tokenizer():
-    """A byte-level BPE of VOCAB_SIZE tokens with ChatML special tokens and chat template."""
+def filler_words():
+    """Pseudo-words (``bada``, ``badabe``, ...): two, then three consonant-vowel syllables, in a fixed order."""
+    syllables = [c + v for c in "bdfghklmnprstvz" for v in "aeiou"]
+    for first in syllables:
+        for second in syllables:
+            yield first + second
+    for first in syllables:
+        for second in syllables:
+            for third in syllables:
+                yield first + second + third
+
+
+def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE with ChatML special tokens and chat template, of ``vocab_size`` tokens.
+
+    The first VOCAB_SIZE tokens are trained on :func:`corpus`; past them (a real-dims
+    vocabulary) each id is a space and a pseudo-word of :func:`filler_words`, so every id
+    the model can produce decodes to text. No merge builds those tokens: text encodes
+    into the trained ones only.
+    """
+    import json as json_lib
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    if vocab_size < VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be >= {VOCAB_SIZE}; got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -108,6 +131,13 @@ def build_tokenizer():
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    if vocab_size > VOCAB_SIZE:
+        spec = json_lib.loads(tokenizer.to_str())
+        vocab = spec["model"]["vocab"]
+        words = (word for word in filler_words() if "\u0120" + word not in vocab)
+        while len(vocab) < vocab_size:
+            vocab["\u0120" + next(words)] = len(vocab)  # \u0120: the byte-level space
+        tokenizer = Tokenizer.from_str(json_lib.dumps(spec))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
@@ -293,7 +323,7 @@ def build(
     if staging.exists():
         shutil.rmtree(staging)
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(published_dims(name)["vocab_size"] if real else VOCAB_SIZE)
     if real:
         # Initialised in bf16 directly: an fp32 copy of a 2.6 GB checkpoint would double the peak.
         default_dtype = torch.get_default_dtype()

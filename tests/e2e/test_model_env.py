@@ -14,6 +14,7 @@ import pytest
 import requests
 import torch
 
+from conftest import builder
 from oracle import assert_greedy_matches, hf_greedy_in_subprocess
 from serving import REPO, Server, completion, running_server
 
@@ -57,6 +58,18 @@ def test_the_checkpoint_is_served_with_settings_derived_from_it(server, model_di
 def test_the_checkpoint_gives_transformers_ids(server, model_dir):
     prompts = [[5, 900, 248_000, 17], list(range(1000, 1300))]
     out = completion(server, prompt=prompts, max_tokens=MAX_TOKENS, return_token_ids=True)
-    got = [choice["token_ids"] for choice in sorted(out["choices"], key=lambda c: c["index"])]
+    choices = sorted(out["choices"], key=lambda c: c["index"])
+    got = [choice["token_ids"] for choice in choices]
+    assert all(choice["text"].strip() for choice in choices), choices  # the tokenizer covers the vocabulary
     for ids, (want, want_logits) in zip(got, hf_greedy_in_subprocess(model_dir, torch.bfloat16, prompts, MAX_TOKENS)):
         assert_greedy_matches(ids, want, want_logits, torch.bfloat16)
+
+
+def test_the_real_dims_tokenizer_decodes_every_id_of_the_vocabulary():
+    vocab_size = builder.published_dims("qwen3_5-2b-real")["vocab_size"]
+    tokenizer = builder.build_tokenizer(vocab_size)
+    assert len(tokenizer) == vocab_size
+    assert sorted(tokenizer.get_vocab().values()) == list(range(vocab_size))  # one token per id, no gaps
+    past_trained = [builder.VOCAB_SIZE, 100_000, vocab_size - 1]
+    assert all(tokenizer.decode([i]).strip() for i in past_trained)
+    assert tokenizer("the state gate").input_ids == builder.build_tokenizer()("the state gate").input_ids
