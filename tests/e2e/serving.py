@@ -43,15 +43,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(log_path: pathlib.Path, *args: str, model: str = TINY_SERVED_NAME, env: dict | None = None):
-    """``bash scripts/serve.sh --port <free> *args``, healthy, stopped on exit."""
+def running_server(log_path: pathlib.Path, *args: str, model: str = TINY_SERVED_NAME, env: dict | None = None,
+                   unset: tuple[str, ...] = (), cwd: pathlib.Path = REPO):
+    """``bash scripts/serve.sh --port <free> *args`` run from ``cwd`` with ``env`` and without the
+    variables ``unset``, healthy, stopped on exit."""
     port = free_port()
     full_env = {**os.environ, **(env or {})}
-    full_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the production process layout
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", *unset):  # the production process layout; the user's env
+        full_env.pop(name, None)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             ["bash", str(REPO / "scripts" / "serve.sh"), "--port", str(port), *args],
-            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
     try:
