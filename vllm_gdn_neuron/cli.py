@@ -92,6 +92,10 @@ def _patch_vllm_version_lookup() -> None:
     importlib.metadata.version = version
 
 
+# `vllm serve`'s short spellings of the flags read here.
+SHORT_FLAGS = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size"}
+
+
 def given_settings(args: list[str]) -> dict[str, str | None]:
     """The ``vllm serve`` settings ``args`` give, on the command line or in its ``--config`` file.
 
@@ -100,6 +104,9 @@ def given_settings(args: list[str]) -> dict[str, str | None]:
     """
     settings: dict[str, str | None] = {}
     for index, arg in enumerate(args):
+        name, sep, value = arg.partition("=")
+        if name in SHORT_FLAGS:
+            arg = f"--{SHORT_FLAGS[name]}{sep}{value}"
         if not arg.startswith("--"):
             continue
         name, sep, value = arg[2:].partition("=")
@@ -229,6 +236,18 @@ def check_given_cache(checkpoint: Checkpoint, cache: int, flag: str, weights: in
             )
 
 
+def given_cache(given: dict[str, str | None]) -> tuple[str, int | None] | None:
+    """``(where, bytes)`` of a cache size the user set (``None`` bytes: one vLLM will parse), else ``None``.
+
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB) wins over ``--kv-cache-memory-bytes``, as in vLLM's CPU platform.
+    """
+    if os.environ.get(KVCACHE_SPACE_ENV):
+        return KVCACHE_SPACE_ENV, byte_count(os.environ[KVCACHE_SPACE_ENV] + "G")
+    if "kv-cache-memory-bytes" in given:
+        return "--kv-cache-memory-bytes", byte_count(given["kv-cache-memory-bytes"] or "")
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The flags derived for one checkpoint, and the arithmetic behind them (bytes)."""
@@ -300,16 +319,12 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
     if "served-model-name" not in given:
         flags += ["--served-model-name", checkpoint.name]
     cache = None
-    if os.environ.get(KVCACHE_SPACE_ENV):
-        given_cache = (byte_count(os.environ[KVCACHE_SPACE_ENV] + "G"), KVCACHE_SPACE_ENV)
-    elif given.get("kv-cache-memory-bytes"):
-        given_cache = (byte_count(given["kv-cache-memory-bytes"]), "--kv-cache-memory-bytes")
+    user_cache = given_cache(given)
+    if user_cache is not None:
+        flag, size = user_cache
+        if size is not None:
+            check_given_cache(checkpoint, size, flag, weights, workers)
     else:
-        given_cache = None
-    if given_cache is not None:
-        if given_cache[0] is not None:
-            check_given_cache(checkpoint, given_cache[0], given_cache[1], weights, workers)
-    elif "kv-cache-memory-bytes" not in given:
         smallest = state + MIN_CONTEXT_TOKENS * kv_per_token
         room = cache_room(weights, smallest, memory, workers)
         if room.per_worker * CACHE_SHARE < smallest:

@@ -248,6 +248,7 @@ def test_given_settings_reads_the_command_line_and_the_config_file(tmp_path):
     config.write_text("max-num-seqs: 4\nmax_model_len: 1024\nenforce-eager: true\n")
     given = cli.given_settings(["--config", str(config), "--max-model-len=2048", "--dtype", "float32", "--enforce-eager"])
     assert given == {"max-num-seqs": "4", "max-model-len": "2048", "dtype": "float32", "enforce-eager": None}
+    assert cli.given_settings(["-tp", "2", "-pp=2"]) == {"tensor-parallel-size": "2", "pipeline-parallel-size": "2"}
 
 
 def test_derived_settings_fit_the_memory_and_keep_what_the_user_gave(dense):
