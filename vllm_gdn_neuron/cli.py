@@ -9,8 +9,10 @@ derived from the checkpoint and this machine's memory (:func:`derive_settings`) 
 printed once:
 
 - ``--served-model-name``: the folder's name (or the repo id);
-- ``--kv-cache-memory-bytes``: half of the memory left after the weights and the
-  runtime, at most what ``max-num-seqs`` sequences of the full context need;
+- ``--kv-cache-memory-bytes`` (per CPU worker): half of the memory left after the
+  weights and the runtime, on the machine and on the NUMA node each of vLLM's CPU
+  workers checks (:mod:`vllm_gdn_neuron.cpu_memory`), whichever is tighter, at most what
+  ``max-num-seqs`` sequences of the full context need;
 - ``--max-model-len -1``: vLLM's auto-fit, the longest context (up to the checkpoint's
   ``max_position_embeddings``) whose KV cache plus GatedDeltaNet state fits that cache.
 
