@@ -191,6 +191,12 @@ def _node_words(workers: list[cpu_memory.WorkerNode], node: int) -> str:
             f"{format_bytes(memory.available)} free of {format_bytes(memory.total)}")
 
 
+def _nodes(workers: list[cpu_memory.WorkerNode]) -> list[tuple[int, int, int]]:
+    """``(node, workers on it, its available bytes)`` for each node the workers check."""
+    return [(node, sum(w.node == node for w in workers), next(w.memory.available for w in workers if w.node == node))
+            for node in sorted({w.node for w in workers})]
+
+
 @dataclasses.dataclass(frozen=True)
 class Room:
     """What one memory constraint leaves each worker's cache, and what it needs to start."""
@@ -211,9 +217,7 @@ def cache_room(weights: int, smallest: int, memory: tuple[int, str], workers: li
     rooms = [Room((available - weights - RUNTIME_BYTES) / world,
                   weights + RUNTIME_BYTES + world * smallest / CACHE_SHARE,
                   f"{format_bytes(available)} is available ({source})")]
-    for node in sorted({worker.node for worker in workers}):
-        count = sum(worker.node == node for worker in workers)
-        node_available = next(w.memory.available for w in workers if w.node == node)
+    for node, count, node_available in _nodes(workers):
         rooms.append(Room((node_available - RUNTIME_BYTES - count * weights / world) / count,
                           RUNTIME_BYTES + count * (weights / world + smallest / CACHE_SHARE),
                           _node_words(workers, node)))
@@ -228,9 +232,7 @@ def check_given_cache(checkpoint: Checkpoint, cache: int, flag: str, weights: in
         CheckpointError: the node's free memory is below its workers' weights and caches.
     """
     world = len(workers)
-    for node in sorted({worker.node for worker in workers}):
-        count = sum(worker.node == node for worker in workers)
-        node_available = next(w.memory.available for w in workers if w.node == node)
+    for node, count, node_available in _nodes(workers):
         if count * (weights / world + cache) > node_available:
             raise CheckpointError(
                 f"MODEL {checkpoint.source!r}: {flag} ({format_bytes(cache)} per worker) and the weights "

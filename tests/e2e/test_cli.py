@@ -223,7 +223,7 @@ def test_serve_sh_reads_model_from_the_callers_directory(tmp_path):
     from serving import REPO
 
     (tmp_path / "ckpt").mkdir()
-    env = {**os.environ, "MODEL": "./ckpt"}
+    env = {**os.environ, "MODEL": "./ckpt", "VENV": sys.prefix}  # this venv, not a new one
     result = subprocess.run(["bash", str(REPO / "scripts" / "serve.sh")], cwd=tmp_path, capture_output=True,
                             text=True, timeout=300, env=env)
     assert result.returncode == 2
