@@ -28,7 +28,9 @@ VLLM_NEURON_PIN = "vllm-neuron native (vLLM 0.24): vllm-project/vllm-neuron qwen
 # Keys of one layer's entry in the forward's ``attn_metadata`` that this shell reads.
 METADATA_KEYS = ("block_table_tensor", "slot_mapping", "max_query_len", "decode_token_threshold", "block_size")
 
-# Keyword arguments the runner passes to ``forward`` once traced (all of them, always).
+# Keyword arguments of ``forward``: whn09/vllm-neuron@7ea99278's runner always passes the
+# first eight; ``inputs_embeds`` / ``is_token_ids`` with prompt embeds enabled, and
+# ``rotary_position_ids`` when the model config uses M-RoPE.
 FORWARD_KEYWORDS = (
     "input_ids",
     "positions",
@@ -40,6 +42,7 @@ FORWARD_KEYWORDS = (
     "rank",
     "inputs_embeds",
     "is_token_ids",
+    "rotary_position_ids",
 )
 
 # Pages the runner appends past ``num_blocks`` under ``kv_cache_page_major``.
