@@ -179,3 +179,15 @@ def test_off_the_cpu_a_layer_runs_torch_without_timing(monkeypatch, fresh):
     chosen = layer_backends.layer_backends(GDN, CONV, "cuda")
     assert chosen.backends == dict.fromkeys(auto.PHASES, "torch") and not calls
     assert chosen.reasons["gdn_decode"] == "on cuda, not a CPU"
+
+
+def test_the_measurement_runs_where_vllm_builds_models(monkeypatch, fresh):
+    """vLLM builds the layers under a bf16 default dtype and with torch.set_num_threads disabled."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: pytest.fail("torch.set_num_threads is vLLM's no-op"))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        seconds = auto.time_candidates("gdn_decode", GDN)
+    finally:
+        torch.set_default_dtype(previous)
+    assert set(seconds) == {"torch", "vllm_cpu"}

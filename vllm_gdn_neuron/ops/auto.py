@@ -8,8 +8,9 @@ project's ``torch`` math and vLLM's C++ kernels (``vllm_cpu``). Per phase and sh
 2. Where the CPU's kind (``cpu_isa.cpu_kind``) has been measured (``MEASURED``), that
    measurement's winner.
 3. Otherwise both candidates are timed on the shape itself, once per process (``MEASURE_TOKENS``
-   prefill tokens, one decode row, on one thread; about 30 ms of CPU time for the four phases
-   of the real models' 16/32 heads of 128), and the faster runs.
+   prefill tokens, ``MEASURE_DECODE_ROWS`` decode rows, on one thread), and the faster runs. For
+   the real models' 16/32 heads of 128 the four phases took 0.2 s of CPU time (0.7 s wall) at a
+   load of 13-16 on this project's 2-vCPU machine: once per process, not per layer.
 
 ``choose`` caches the answer per (phase, shape), so a layer's construction, or the first call of
 a public op, pays for the measurement and every later call is a dictionary lookup.
@@ -28,6 +29,8 @@ CANDIDATES = ("torch", "vllm_cpu")
 #: Tokens of the one prefill sequence timed at start-up. At the real models' 16/32 heads of
 #: 128 the winner at 32 tokens was the winner at 512-8192 on this project's AVX-512 BF16 CPU.
 MEASURE_TOKENS = 32
+#: Decode rows timed at start-up (at one row, per-call overheads of a few µs decided it).
+MEASURE_DECODE_ROWS = 8
 #: Rounds that run both candidates in turn; the best round of each counts (the first warms up).
 MEASURE_ROUNDS = 3
 
@@ -135,44 +138,47 @@ def choose(phase: str, shape) -> Choice:
     return choice
 
 
-def _conv_tensors(shape, tokens):
+F32 = torch.float32  # explicit: vLLM builds its models under a bf16 default dtype
+
+
+def _conv_tensors(shape, tokens, num_pages=2):
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(tokens, shape.channels, generator=gen).to(shape.dtype)
-    weight = torch.randn(shape.channels, shape.width, generator=gen).to(shape.weight_dtype)
-    cache = torch.zeros(2, shape.channels, shape.width, dtype=shape.cache_dtype)
+    x = torch.randn(tokens, shape.channels, generator=gen, dtype=F32).to(shape.dtype)
+    weight = torch.randn(shape.channels, shape.width, generator=gen, dtype=F32).to(shape.weight_dtype)
+    cache = torch.zeros(num_pages, shape.channels, shape.width, dtype=shape.cache_dtype)
     return x, weight, cache
 
 
-def _gdn_tensors(shape, tokens):
+def _gdn_tensors(shape, tokens, num_pages=2):
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen).to(shape.dtype)
-    k = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen).to(shape.dtype)
-    v = torch.randn(tokens, shape.num_v_heads, shape.head_v_dim, generator=gen).to(shape.dtype)
-    g = -torch.rand(tokens, shape.num_v_heads, generator=gen)
-    beta = torch.rand(tokens, shape.num_v_heads, generator=gen)
-    cache = torch.zeros(2, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim, dtype=shape.ssm_dtype)
+    q = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen, dtype=F32).to(shape.dtype)
+    k = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen, dtype=F32).to(shape.dtype)
+    v = torch.randn(tokens, shape.num_v_heads, shape.head_v_dim, generator=gen, dtype=F32).to(shape.dtype)
+    g = -torch.rand(tokens, shape.num_v_heads, generator=gen, dtype=F32)
+    beta = torch.rand(tokens, shape.num_v_heads, generator=gen, dtype=F32)
+    cache = torch.zeros(num_pages, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim, dtype=shape.ssm_dtype)
     return q, k, v, g, beta, cache
 
 
 def _phase_call(phase, shape):
-    """``run(backend)``: the paged op of ``phase`` on page 1 of a two-page cache (one fresh
-    sequence of ``MEASURE_TOKENS`` tokens, or one decode row)."""
+    """``run(backend)``: the paged op of ``phase`` on one fresh sequence of ``MEASURE_TOKENS``
+    tokens on page 1, or ``MEASURE_DECODE_ROWS`` decode rows on pages 1, 2, ... (page 0 spare)."""
     from . import paged
     from .step import DecodeStep, PrefillStep
 
-    tokens = MEASURE_TOKENS if phase.endswith("prefill") else 1
-    pages = torch.ones(1, dtype=torch.int64)
     if phase.endswith("prefill"):
+        tokens, pages = MEASURE_TOKENS, torch.ones(1, dtype=torch.int64)
         step = PrefillStep.build(torch.tensor([0, tokens]), pages, torch.zeros(1, dtype=torch.bool), tokens,
                                  exact_plan=True)
     else:
-        step = DecodeStep.build(pages)
+        tokens = MEASURE_DECODE_ROWS
+        step = DecodeStep.build(torch.arange(1, tokens + 1))
     if phase.startswith("conv"):
         op = paged.paged_conv1d_prefill if phase == "conv_prefill" else paged.paged_conv1d_decode
-        x, weight, cache = _conv_tensors(shape, tokens)
+        x, weight, cache = _conv_tensors(shape, tokens, step.pages.numel() + 1)
         return lambda backend: op(x, weight, cache, step, activation=shape.activation, backend=backend)
     op = paged.paged_gdn_prefill if phase == "gdn_prefill" else paged.paged_gdn_decode
-    q, k, v, g, beta, cache = _gdn_tensors(shape, tokens)
+    q, k, v, g, beta, cache = _gdn_tensors(shape, tokens, step.pages.numel() + 1)
     return lambda backend: op(q, k, v, g, beta, cache, step, scale=shape.scale, use_qk_l2norm=True,
                               backend=backend)
 
@@ -188,7 +194,9 @@ def time_candidates(phase: str, shape) -> dict:
     """
     run = _phase_call(phase, shape)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    # torch._C's own setter: vLLM's CPU worker replaces torch.set_num_threads by a no-op once it
+    # has bound its threads to cores; going down to one thread and back keeps that pool.
+    torch._C.set_num_threads(1)
     try:
         best = dict.fromkeys(CANDIDATES, float("inf"))
         for _ in range(MEASURE_ROUNDS):
@@ -197,5 +205,5 @@ def time_candidates(phase: str, shape) -> dict:
                 run(name)
                 best[name] = min(best[name], time.thread_time() - start)
     finally:
-        torch.set_num_threads(threads)
+        torch._C.set_num_threads(threads)
     return best
