@@ -1,10 +1,11 @@
 """GDN prefill and decode on CPU: this project's torch backend against its peers, in one run.
 
 Ours:
-  ours   backend "torch" (chunked prefill, in-place per-row decode), any dtype / head size
-  auto   backend "auto", what the plugin runs: on the CPU, bf16 prefill and decode with
-         Dk = Dv in {64, 128} go to the "vllm_cpu" backend (vLLM's C++ kernels behind this
-         project's op surface, its argument conversions counted in its time), the rest to "torch"
+  ours      backend "torch" (chunked prefill, in-place per-row decode), any dtype / head size
+  vllm_cpu  backend "vllm_cpu": vLLM's C++ kernels behind this project's op surface (its argument
+            conversions counted in its time); bf16, Dk = Dv in {64, 128} only
+  auto      backend "auto", what the plugin runs: on the CPU, the backend vllm_gdn_neuron.ops.auto
+            chose for the shape (by the CPU's kind, or timed once at the shape's first call)
 Peers:
   hf    transformers' Qwen3.5 torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule
         (GQA by repeat_interleave of q/k, as HF's model does before calling them)
@@ -12,8 +13,10 @@ Peers:
         (bf16 only; their decode fuses the Qwen3.5 gating, so ours is timed with the gating too)
 
 A third table times the paged conv1d the layer runs around them (bf16, the real models' C = 8192,
-K = 4): ours (its torch math), auto (vLLM's C++ conv behind the paged op, on AVX-512 BF16 CPUs)
-and vLLM's kernel alone on its own windows.
+K = 4): ours (backend "torch", its torch math), vllm_cpu (vLLM's C++ conv behind the paged op, on
+AVX-512 BF16 CPUs), auto, and vLLM's kernel alone on its own windows.
+
+"auto vs best" is the faster backend's time (ours or vllm_cpu) over auto's (1.00x: auto took it).
 
 Every GDN peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin
 within each round (see ``race``); the table shows the best round time of each, the speed-up
@@ -34,6 +37,7 @@ import time
 import torch
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
 
 try:
     from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
@@ -99,6 +103,8 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=Tru
     group = num_v_heads // num_k_heads
     runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0],
             "auto": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True)[0]}
+    if HAVE_VLLM and dtype == torch.bfloat16:
+        runs["vllm_cpu"] = lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="vllm_cpu")[0]
     if with_hf and hf is not None:
         runs["hf"] = lambda: hf.torch_chunk_gated_delta_rule(
             q[None].repeat_interleave(group, 2), k[None].repeat_interleave(group, 2), v[None], g[None], beta[None],
@@ -134,7 +140,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True)
     group = num_v_heads // num_k_heads
     # Each run advances its own cache in place; the warm-up run (the one compared) starts
     # from the same cache for every peer.
-    ours_cache, auto_cache, vllm_cache = start_cache.clone(), start_cache.clone(), start_cache.clone()
+    ours_cache, auto_cache, vllm_cache, backend_cache = (start_cache.clone() for _ in range(4))
 
     def run_ours():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
@@ -143,6 +149,10 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True)
     def run_auto():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
         return ops.gdn_decode(q, k, v, g, beta, auto_cache, indices, use_qk_l2norm=True)
+
+    def run_vllm_cpu():
+        g, beta = qwen35_gating(a, b, A_log, dt_bias)
+        return ops.gdn_decode(q, k, v, g, beta, backend_cache, indices, use_qk_l2norm=True, backend="vllm_cpu")
 
     def run_hf():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
@@ -162,30 +172,16 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True)
         runs["hf"] = run_hf
     if HAVE_VLLM and dtype == torch.bfloat16:
         runs["vllm"] = run_vllm
+        runs["vllm_cpu"] = run_vllm_cpu
     return _row(race(runs, budget_s, max_rounds=20))
 
 
 CONV_CHANNELS, CONV_WIDTH = 8192, 4  # the real models' q | k | v channels and kernel width
 
 
-def _pinned_torch(fn):
-    """``fn`` with ``$VLLM_GDN_BACKEND=torch``: the paged ops' own torch math, no C++ hooks."""
-    def run():
-        saved = os.environ.get(ops.dispatch.ENV_VAR)
-        os.environ[ops.dispatch.ENV_VAR] = "torch"
-        try:
-            return fn()
-        finally:
-            if saved is None:
-                del os.environ[ops.dispatch.ENV_VAR]
-            else:
-                os.environ[ops.dispatch.ENV_VAR] = saved
-    return run
-
-
 def bench_conv(phase, size, num_seqs, budget_s):
     """Paged conv1d of bf16 C = 8192, K = 4: prefill of ``num_seqs`` fresh sequences of ``size``
-    tokens in all, or decode of ``size`` rows; ours (torch), auto and vLLM's C++ kernel on its own
+    tokens in all, or decode of ``size`` rows; ours (torch), vllm_cpu, auto and vLLM's C++ kernel on its own
     ``[S, C, K - 1]`` windows (no page gather, no K-column windows: its floor)."""
     gen = torch.Generator().manual_seed(size)
     weight = torch.randn(CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
@@ -197,29 +193,35 @@ def bench_conv(phase, size, num_seqs, budget_s):
     indices = torch.arange(rows, dtype=torch.int32)
     if phase == "decode":
         step = ops.DecodeStep.build(pages, 0)
-        paged = lambda: ops.paged_conv1d_decode(x, weight, cache, step)  # noqa: E731
+        paged = lambda backend: ops.paged_conv1d_decode(x, weight, cache, step, backend=backend)  # noqa: E731
         vllm = lambda: vllm_ops.causal_conv1d_update_cpu(x, windows, weight, None, True, indices, False)  # noqa: E731
     else:
         bounds = torch.linspace(0, size, num_seqs + 1).round().to(torch.int32)
         step = ops.PrefillStep.build(bounds, pages, torch.zeros(num_seqs, dtype=torch.bool), size, exact_plan=True)
-        paged = lambda: ops.paged_conv1d_prefill(x, weight, cache, step)  # noqa: E731
+        paged = lambda backend: ops.paged_conv1d_prefill(x, weight, cache, step, backend=backend)  # noqa: E731
         vllm = lambda: vllm_ops.causal_conv1d_fwd_cpu(x.T, weight, None, windows, bounds, indices,  # noqa: E731
                                                       torch.zeros(num_seqs, dtype=torch.bool), True, False).T
-    runs = {"ours": _pinned_torch(paged), "auto": paged}
+    runs = {"ours": lambda: paged("torch"), "auto": lambda: paged("auto")}
     if HAVE_VLLM and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported():
+        runs["vllm_cpu"] = lambda: paged("vllm_cpu")
         runs["vllm"] = vllm
     return _row(race(runs, budget_s, max_rounds=20))
 
 
 def print_conv_table(rows):
     print("\nPaged conv1d (bf16, C = 8192, K = 4; vLLM C++ on its own K - 1 windows, no page gather)")
-    print("| phase | tokens / rows | sequences | ours ms | auto ms | vLLM C++ ms | auto vs ours | auto vs vLLM "
-          "| max abs diff vLLM |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| phase | tokens / rows | sequences | ours ms | vllm_cpu ms | auto ms | vLLM C++ ms | auto vs best "
+          "| auto vs vLLM | max abs diff vLLM |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (phase, size, seqs), r in rows:
-        print(f"| {phase} | {size} | {seqs} | {fmt_ms(r['ours'])} | {fmt_ms(r['auto'])} | {fmt_ms(r.get('vllm'))} "
-              f"| {fmt_ratio(r['ours'], r['auto'])} | {fmt_ratio(r.get('vllm'), r['auto'])} "
-              f"| {r.get('vllm_diff', float('nan')):.2e} |")
+        print(f"| {phase} | {size} | {seqs} | {fmt_ms(r['ours'])} | {fmt_ms(r.get('vllm_cpu'))} | {fmt_ms(r['auto'])} "
+              f"| {fmt_ms(r.get('vllm'))} | {fmt_ratio(best_backend(r), r['auto'])} "
+              f"| {fmt_ratio(r.get('vllm'), r['auto'])} | {r.get('vllm_diff', float('nan')):.2e} |")
+
+
+def best_backend(row):
+    """The faster backend's time: ours (torch) or vllm_cpu."""
+    return min(t for t in (row["ours"], row.get("vllm_cpu")) if t is not None)
 
 
 def fmt_ms(seconds):
@@ -232,14 +234,16 @@ def fmt_ratio(peer, ours):
 
 def print_table(title, size_name, rows):
     print(f"\n{title}")
-    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | auto ms | HF ms | vLLM C++ ms | ours vs HF "
-              f"| ours vs vLLM | auto vs HF | auto vs vLLM | max abs diff HF | max abs diff vLLM |")
+    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | vllm_cpu ms | auto ms | HF ms | vLLM C++ ms "
+              f"| auto vs best | ours vs HF | ours vs vLLM | auto vs HF | auto vs vLLM | max abs diff HF "
+              f"| max abs diff vLLM |")
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
     for (size, hk, hv, dtype), r in rows:
         auto = r.get("auto")
         print(f"| {size:>6} | {hk}/{hv} | {str(dtype).replace('torch.', ''):>8} | {fmt_ms(r['ours'])} "
-              f"| {fmt_ms(auto)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
+              f"| {fmt_ms(r.get('vllm_cpu'))} | {fmt_ms(auto)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
+              f"| {fmt_ratio(best_backend(r), auto)} "
               f"| {fmt_ratio(r.get('hf'), r['ours'])} | {fmt_ratio(r.get('vllm'), r['ours'])} "
               f"| {'-' if auto is None else fmt_ratio(r.get('hf'), auto)} "
               f"| {'-' if auto is None else fmt_ratio(r.get('vllm'), auto)} "
@@ -261,7 +265,7 @@ def plot(prefill, decode, path):
                 if not sel:
                     continue
                 sizes = [s for s, _ in sel]
-                for peer, marker in (("ours", "o"), ("auto", "x"), ("hf", "s"), ("vllm", "^")):
+                for peer, marker in (("ours", "o"), ("vllm_cpu", "v"), ("auto", "x"), ("hf", "s"), ("vllm", "^")):
                     times = [r.get(peer) for _, r in sel]
                     if all(t is not None for t in times):
                         label = f"{peer} {hk}/{hv} {str(dtype).replace('torch.', '')}"
@@ -293,7 +297,7 @@ def main():
     bench_prefill(128, 16, 16, torch.bfloat16, 0.0)  # warm up thread pools and lazy imports
     with_hf = hf is not None and not args.no_hf
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {with_hf}, "
-          f"vLLM C++ kernels: {HAVE_VLLM}; load averages {os.getloadavg()}")
+          f"vLLM C++ kernels: {HAVE_VLLM}; CPU kind {cpu_kind(cpu_flags())}; load averages {os.getloadavg()}")
     prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget, with_hf))
                for t in lengths for hk, hv in HEADS for d in dtypes]
     print_table("Prefill (one sequence of T tokens, D = 128)", "T", prefill)

@@ -1,11 +1,18 @@
-"""Serving speed on CPU: this plugin against vLLM's built-in Qwen3-Next, on one checkpoint, in one run.
+"""Serving speed on CPU: this plugin (auto and each backend) against vLLM's built-in Qwen3-Next, in one run.
 
 Both engines serve the same random-weight Qwen3-Next checkpoint with real per-layer dimensions
 (the tiny-model builder's ``qwen3-next-real``: hidden 2048, GDN heads 16/32 x 128, attention
 16/2 x 256, 8-expert MoE with all 8 routed, vocabulary 248,320, bf16, 4 layers):
 
-  plugin    vLLM with this project's plugin (its Qwen3-Next model and GDN layer, ``backend="auto"``)
+  auto      vLLM with this project's plugin (its Qwen3-Next model and GDN layer), the default:
+            each GDN phase on the backend the layer chose at construction (``ops.layer_backends``)
+  torch     the plugin with ``VLLM_GDN_BACKEND=torch``: this project's torch math everywhere
+  vllm_cpu  the plugin with ``VLLM_GDN_BACKEND=vllm_cpu``: the public ops on vLLM's C++ GDN kernels
   built-in  vLLM's own Qwen3-Next (``VLLM_GDN_NEURON_DISABLE=1``): vLLM's C++ CPU GDN kernels
+
+(``nki`` is left out: on CPU it runs the NKI kernels in the project's interpreter, a
+correctness check, not a serving path.) ``--engines`` picks a subset (each engine holds the
+checkpoint and its cache: about 3 GiB).
 
 Rows: prefill (N prompts of ``--prefill-len`` tokens, one output token each) and decode
 (N prompts of ``--decode-prompt-len`` tokens, ``--decode-len`` new tokens each, greedy,
@@ -30,11 +37,11 @@ outputs. In-process engines start in seconds (an OpenAI server takes 25-100 s) a
 timings hold no HTTP, JSON or detokenisation cost, so the numbers are the model and the
 scheduler; a subprocess per engine because the plugin is switched on or off when vLLM loads
 its plugins, once per process, so one process cannot hold both model classes. Both
-subprocesses stay up for the whole run and take turns: every round runs each row on both
-engines back to back (the engine that goes first alternates), so load from elsewhere on a
-shared machine hits both alike; a row's result is its best round (highest tokens/s, its
+subprocesses stay up for the whole run and take turns: every round runs each row on every
+engine back to back (the engine that goes first rotates), so load from elsewhere on a
+shared machine hits all alike; a row's result is its best round (highest tokens/s, its
 latencies from that round). Prompts are random token ids, new ones each round, the same for
-both engines; prefix caching is off so every round prefills in full.
+every engine; prefix caching is off so every round prefills in full.
 
     python benchmarks/bench_serve.py                  # the full table (~10 min on 2 quiet cores)
     python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
@@ -54,7 +61,10 @@ import time
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 REPO = pathlib.Path(__file__).resolve().parents[1]
-ENGINES = ("plugin", "built-in")
+#: engine -> the environment it runs with (on top of this process's, without either variable).
+ENGINES = {"auto": {}, "torch": {"VLLM_GDN_BACKEND": "torch"}, "vllm_cpu": {"VLLM_GDN_BACKEND": "vllm_cpu"},
+           "built-in": {"VLLM_GDN_NEURON_DISABLE": "1"}}
+PLUGIN_BACKENDS = ("torch", "vllm_cpu")
 CONCURRENCY = (1, 8, 32)
 RESULT_TAG = "@@bench_serve "
 PERCENTILES = (50, 90, 99)
@@ -198,8 +208,8 @@ class Engine:
     def __init__(self, name, args, log_path):
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         env.pop("VLLM_GDN_NEURON_DISABLE", None)
-        if name == "built-in":
-            env["VLLM_GDN_NEURON_DISABLE"] = "1"
+        env.pop("VLLM_GDN_BACKEND", None)
+        env.update(ENGINES[name])
         argv = [sys.executable, __file__, "--worker", "--model", str(args.model),
                 "--max-model-len", str(args.max_model_len), "--max-batched-tokens", str(args.max_batched_tokens),
                 "--kv-cache-mib", str(args.kv_cache_mib)]
@@ -254,7 +264,7 @@ def run_benchmark(args, bandwidths):
     import random
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    engines = {name: Engine(name, args, RESULTS / f"bench_serve-{name}.log") for name in ENGINES}
+    engines = {name: Engine(name, args, RESULTS / f"bench_serve-{name}.log") for name in args.engines}
     try:
         for engine in engines.values():
             engine.reply()  # ready
@@ -267,8 +277,8 @@ def run_benchmark(args, bandwidths):
                 prompt_len = args.prefill_len if phase == "prefill" else args.decode_prompt_len
                 max_tokens = 1 if phase == "prefill" else args.decode_len
                 prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
-                order = ENGINES if rnd % 2 == 0 else ENGINES[::-1]
-                for name in order:
+                names = list(args.engines)
+                for name in names[rnd % len(names):] + names[:rnd % len(names)]:
                     tag = f"{phase}-{n}-{rnd}"
                     traces = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=tag))["traces"]
                     result = prefill_metrics(traces, prompt_len) if phase == "prefill" else decode_metrics(traces)
@@ -291,25 +301,39 @@ def bound_columns(args, bandwidth, n):
     return n * bandwidth / step_bytes, step_bytes
 
 
+def _ratio(results, name, other):
+    if name not in results or other not in results:
+        return None
+    return results[name]["tokens_per_s"] / results[other]["tokens_per_s"]
+
+
 def table(args, best, bandwidth):
-    lines = ["| phase | N | plugin tok/s | built-in tok/s | plugin / built-in | plugin p50 / p90 / p99 ms "
-             "| built-in p50 / p90 / p99 ms | bound tok/s | plugin share | built-in share | load plugin / built-in |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    """The markdown table (tok/s of each engine, auto against the faster plugin backend and the
+    built-in, auto's latencies, the decode bound and shares, the load) and its rows."""
+    names = list(args.engines)
+    lines = ["| phase | N | " + " | ".join(f"{name} tok/s" for name in names) + " | auto / best backend "
+             "| auto / built-in | auto p50 / p90 / p99 ms | bound tok/s | share " + " / ".join(names) + " | load |",
+             "|" + "---|" * (len(names) + 8)]
     rows = []
     for phase, n in scenarios(args):
-        ours, peer = best[(phase, n, "plugin")], best[(phase, n, "built-in")]
-        bound = share_ours = share_peer = "-"
-        row = dict(phase=phase, n=n, plugin=ours, builtin=peer, ratio=ours["tokens_per_s"] / peer["tokens_per_s"])
+        results = {name: best[(phase, n, name)] for name in names}
+        backends = [name for name in PLUGIN_BACKENDS if name in results]
+        fastest = max(backends, key=lambda name: results[name]["tokens_per_s"]) if backends else None
+        row = dict(phase=phase, n=n, engines=results, vs_best=_ratio(results, "auto", fastest),
+                   vs_builtin=_ratio(results, "auto", "built-in"))
+        bound = shares = "-"
         if phase == "decode":
             bound_tps, step_bytes = bound_columns(args, bandwidth, n)
             row.update(bound_tokens_per_s=bound_tps, step_bytes=step_bytes)
             bound = f"{bound_tps:.1f}"
-            share_ours = f"{100 * ours['tokens_per_s'] / bound_tps:.0f} %"
-            share_peer = f"{100 * peer['tokens_per_s'] / bound_tps:.0f} %"
-        lat = lambda r: " / ".join(f"{r['latency_ms'][f'p{p}']:.0f}" for p in PERCENTILES)
-        lines.append(f"| {phase} | {n} | {ours['tokens_per_s']:.1f} | {peer['tokens_per_s']:.1f} | "
-                     f"{row['ratio']:.2f}x | {lat(ours)} | {lat(peer)} | {bound} | {share_ours} | {share_peer} | "
-                     f"{ours['load'][0]:.1f} / {peer['load'][0]:.1f} |")
+            shares = " / ".join(f"{100 * results[name]['tokens_per_s'] / bound_tps:.0f} %" for name in names)
+        fmt = lambda ratio: "-" if ratio is None else f"{ratio:.2f}x"  # noqa: E731
+        latency = (" / ".join(f"{results['auto']['latency_ms'][f'p{p}']:.0f}" for p in PERCENTILES)
+                   if "auto" in results else "-")
+        loads = " / ".join(f"{results[name]['load'][0]:.1f}" for name in names)
+        lines.append(f"| {phase} | {n} | " + " | ".join(f"{results[name]['tokens_per_s']:.1f}" for name in names)
+                     + f" | {fmt(row['vs_best'])} | {fmt(row['vs_builtin'])} | {latency} | {bound} | {shares} "
+                     f"| {loads} |")
         rows.append(row)
     return "\n".join(lines), rows
 
@@ -324,29 +348,34 @@ def plot(rows, path):
     for ax, phase in zip(axes, ("prefill", "decode")):
         sel = [r for r in rows if r["phase"] == phase]
         xs = range(len(sel))
-        ax.bar([x - 0.2 for x in xs], [r["plugin"]["tokens_per_s"] for r in sel], 0.4, label="plugin")
-        ax.bar([x + 0.2 for x in xs], [r["builtin"]["tokens_per_s"] for r in sel], 0.4, label="built-in")
+        names = list(sel[0]["engines"]) if sel else []
+        width = 0.8 / max(len(names), 1)
+        for i, name in enumerate(names):
+            ax.bar([x - 0.4 + (i + 0.5) * width for x in xs], [r["engines"][name]["tokens_per_s"] for r in sel],
+                   width, label=name)
         if phase == "decode":
             ax.plot(list(xs), [r["bound_tokens_per_s"] for r in sel], "k_", markersize=30, mew=2,
                     label="bandwidth bound")
         for x, r in zip(xs, sel):
-            ax.annotate(f"{r['ratio']:.2f}x", (x, r["plugin"]["tokens_per_s"]), ha="center", va="bottom", fontsize=8)
+            if r["vs_best"] is not None:
+                top = max(e["tokens_per_s"] for e in r["engines"].values())
+                ax.annotate(f"auto {r['vs_best']:.2f}x best", (x, top), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(list(xs), [f"N = {r['n']}" for r in sel])
         ax.set_ylabel("tokens/s (best round)")
         ax.set_title(f"{phase}")
         ax.legend(fontsize=8)
-    fig.suptitle("Qwen3-Next real per-layer dims, 4 layers, bf16, CPU: plugin vs vLLM built-in")
+    fig.suptitle("Qwen3-Next real per-layer dims, 4 layers, bf16, CPU: the plugin's backends vs vLLM built-in")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def cpu_name():
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            flags = pathlib.Path("/proc/cpuinfo").read_text()
-            extras = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-            return f"{line.split(':', 1)[1].strip()} ({', '.join(extras) or 'no bf16 extensions'})"
-    return "unknown CPU"
+    """The CPU's model name and the kind ``auto`` sees (``vllm_gdn_neuron.ops.cpu_isa``)."""
+    from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
+
+    model = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    return f"{model} (kind {cpu_kind(cpu_flags())})"
 
 
 def main():
@@ -364,6 +393,8 @@ def main():
     parser.add_argument("--kv-cache-mib", type=int, default=1024)
     parser.add_argument("--only", action="append", metavar="PHASE:N",
                         help="run only these rows, e.g. decode:1 (repeatable), to rerun a load-bent row")
+    parser.add_argument("--engines", nargs="+", choices=tuple(ENGINES), default=tuple(ENGINES),
+                        help="engines to run side by side (default: all)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

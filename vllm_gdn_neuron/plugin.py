@@ -7,8 +7,13 @@ module lazily, by name), and does nothing when ``VLLM_GDN_NEURON_DISABLE=1``.
 
 Which classes it registers depends on the platform, and only on the platform:
 
-- anywhere but Neuron: the vLLM shell (:mod:`vllm_gdn_neuron.models.qwen3_5`) under the
+- on vLLM's CPU platform: the vLLM shell (:mod:`vllm_gdn_neuron.models.qwen3_5`) under the
   checkpoints' own architecture names (``ARCHITECTURES``), replacing vLLM's built-ins;
+- on any other vLLM platform (CUDA, ROCm, XPU, TPU, ...): nothing, and one log line saying so.
+  vLLM's own classes serve there with their GPU kernels, multi-token prediction, FP8 and
+  image support, which this text-only torch path would silently replace.
+  ``VLLM_GDN_NEURON_ANY_PLATFORM=1`` registers the vLLM shell there too (to compare, or where
+  vLLM's classes cannot serve);
 - on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.neuron.model`)
   under names no other package ships (``NEURON_ARCHITECTURES``), chosen per model with
   ``--hf-overrides '{"architectures": ["VllmGdnNeuronQwen3_5ForCausalLM"]}'``. vllm-neuron
@@ -20,6 +25,7 @@ Which classes it registers depends on the platform, and only on the platform:
 import os
 
 DISABLE_ENV = "VLLM_GDN_NEURON_DISABLE"
+ANY_PLATFORM_ENV = "VLLM_GDN_NEURON_ANY_PLATFORM"
 
 _MODEL_MODULE = "vllm_gdn_neuron.models.qwen3_5"
 ARCHITECTURES = (
@@ -38,11 +44,16 @@ NEURON_ARCHITECTURES = {f"VllmGdnNeuron{arch}": arch for arch in ARCHITECTURES}
 _registered = False
 
 
-def on_neuron_platform() -> bool:
-    """Whether vLLM's current platform is vllm-neuron's (its device or CPU mode)."""
+def platform_kind() -> str:
+    """``"neuron"`` (vllm-neuron's platform, its device or CPU mode), ``"cpu"`` (vLLM's CPU
+    platform), or the device type of any other platform (``"cuda"``, ``"xpu"``, ``"tpu"``, ...)."""
     from vllm.platforms import current_platform
 
-    return type(current_platform).__module__.split(".")[0] == "vllm_neuron"
+    if type(current_platform).__module__.split(".")[0] == "vllm_neuron":
+        return "neuron"
+    if current_platform.is_cpu():
+        return "cpu"
+    return current_platform.device_type or type(current_platform).__name__
 
 
 def register() -> None:
@@ -53,10 +64,19 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    if on_neuron_platform():
+    platform = platform_kind()
+    if platform == "neuron":
         names = {name: (f"{_NEURON_MODULE}:{_NEURON_CLASS}", arch) for name, arch in NEURON_ARCHITECTURES.items()}
-    else:
+    elif platform == "cpu" or os.environ.get(ANY_PLATFORM_ENV) == "1":
         names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
+    else:
+        from vllm.logger import init_logger
+
+        init_logger(f"vllm.plugins.{__name__}").info(
+            "vllm-gdn-neuron registers nothing on the %s platform: vLLM's own Qwen3.5 / Qwen3-Next classes "
+            "serve (%s=1 registers this plugin's CPU classes anyway)", platform, ANY_PLATFORM_ENV)
+        _registered = True
+        return
     for name, (target, checkpoint_arch) in names.items():
         ModelRegistry.register_model(name, target)
         if getattr(MODELS_CONFIG_MAP.get(name), "is_vllm_gdn_neuron_hook", False):

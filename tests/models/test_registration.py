@@ -1,4 +1,4 @@
-"""The plugin entry point: what it registers, idempotence, and the opt-out switch.
+"""The plugin entry point: what it registers on each platform, idempotence, the switches.
 
 Each case runs in a fresh interpreter: vLLM's registry is process-global and vLLM
 loads the entry point itself (``load_general_plugins``), exactly as in a server.
@@ -75,13 +75,76 @@ def test_disable_switch_leaves_vllms_builtins_alone():
     assert not any(entry["hook_is_ours"] for entry in report.values())
 
 
-def _fresh_registration(monkeypatch, on_neuron: bool):
+def _fresh_registration(monkeypatch, platform: str):
     from vllm_gdn_neuron import plugin
 
     monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setattr(plugin, "on_neuron_platform", lambda: on_neuron)
+    monkeypatch.setattr(plugin, "platform_kind", lambda: platform)
     plugin.register()
     return plugin
+
+
+def _registry():
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    return ({name: (entry.module_name, entry.class_name) for name, entry in ModelRegistry.models.items()},
+            dict(MODELS_CONFIG_MAP))
+
+
+@pytest.fixture
+def restored_registry(monkeypatch):
+    """vLLM's registry and config-hook table as they were, after the test."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    models, hooks = dict(ModelRegistry.models), dict(MODELS_CONFIG_MAP)
+    monkeypatch.delenv("VLLM_GDN_NEURON_ANY_PLATFORM", raising=False)
+    yield
+    ModelRegistry.models.clear()
+    ModelRegistry.models.update(models)
+    MODELS_CONFIG_MAP.clear()
+    MODELS_CONFIG_MAP.update(hooks)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm", "xpu", "tpu"])
+def test_on_other_platforms_nothing_is_registered_and_one_line_says_so(monkeypatch, restored_registry, platform):
+    from vllm.logger import init_logger
+
+    from vllm_gdn_neuron import plugin
+
+    logger = init_logger(f"vllm.plugins.{plugin.__name__}")
+    lines = []
+    monkeypatch.setattr(logger, "info", lambda message, *args: lines.append(message % args))
+    before = _registry()
+    _fresh_registration(monkeypatch, platform)
+    plugin.register()  # once per process: the second call says nothing
+    assert _registry() == before
+    assert lines == [f"vllm-gdn-neuron registers nothing on the {platform} platform: vLLM's own Qwen3.5 / "
+                     f"Qwen3-Next classes serve (VLLM_GDN_NEURON_ANY_PLATFORM=1 registers this plugin's CPU "
+                     f"classes anyway)"]
+
+
+@pytest.mark.parametrize("platform, forced", [("cpu", None), ("cuda", "1"), ("xpu", "1")])
+def test_the_vllm_shell_replaces_vllms_classes_on_cpu_or_where_forced(monkeypatch, restored_registry, platform,
+                                                                      forced):
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    if forced:
+        monkeypatch.setenv("VLLM_GDN_NEURON_ANY_PLATFORM", forced)
+    for arch in ARCHITECTURES:  # as vLLM ships them
+        ModelRegistry.register_model(arch, f"vllm.model_executor.models.qwen3_5:{arch}")
+    _fresh_registration(monkeypatch, platform)
+    for arch in ARCHITECTURES:
+        assert ModelRegistry.models[arch].module_name == "vllm_gdn_neuron.models.qwen3_5", arch
+        assert MODELS_CONFIG_MAP[arch].is_vllm_gdn_neuron_hook, arch
+
+
+def test_the_platform_here_is_the_cpu():
+    from vllm_gdn_neuron.plugin import platform_kind
+
+    assert platform_kind() == "cpu"
 
 
 def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monkeypatch):
@@ -89,7 +152,7 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     before = {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES}
-    plugin = _fresh_registration(monkeypatch, on_neuron=True)
+    plugin = _fresh_registration(monkeypatch, "neuron")
     for name, checkpoint_arch in plugin.NEURON_ARCHITECTURES.items():
         assert name.startswith("VllmGdnNeuron") and name.endswith(checkpoint_arch)
         assert ModelRegistry.models[name].module_name == "vllm_gdn_neuron.neuron.model"
@@ -102,7 +165,7 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
 def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
     from vllm import ModelRegistry
 
-    plugin = _fresh_registration(monkeypatch, on_neuron=True)
+    plugin = _fresh_registration(monkeypatch, "neuron")
     # vllm-neuron's worker registers its own list after the general plugins ran:
     for arch in ARCHITECTURES:
         ModelRegistry.register_model(arch, "vllm_gdn_neuron.models.qwen3_5:Qwen3_5ForCausalLM")
@@ -111,19 +174,13 @@ def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
     assert not set(plugin.NEURON_ARCHITECTURES) & set(ARCHITECTURES)
 
 
-def test_the_cpu_platform_is_not_neuron():
-    from vllm_gdn_neuron.plugin import on_neuron_platform
-
-    assert not on_neuron_platform()
-
-
 def test_disable_switch_registers_nothing_on_neuron_either(monkeypatch):
     from vllm import ModelRegistry
     from vllm_gdn_neuron import plugin
 
     monkeypatch.setenv(plugin.DISABLE_ENV, "1")
     monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setattr(plugin, "on_neuron_platform", lambda: True)
+    monkeypatch.setattr(plugin, "platform_kind", lambda: "neuron")
     names = set(ModelRegistry.models)
     plugin.register()
     assert set(ModelRegistry.models) == names and not plugin._registered

@@ -8,7 +8,7 @@ import torch
 from ops_testing import make_gdn_inputs
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.ops import dispatch
+from vllm_gdn_neuron.ops import auto, dispatch
 from vllm_gdn_neuron.ops.backends import torch as torch_backend
 
 CPU, XLA = torch.device("cpu"), torch.device("xla")
@@ -99,15 +99,23 @@ def test_a_spec_less_nki_stand_in_is_not_taken_for_the_real_package(monkeypatch)
     assert dispatch.select_backend("auto", "conv1d_prefill", CPU) is torch_backend
 
 
-# --- auto's measured rules (not on Neuron) ---------------------------------------------------
+# --- auto's choice on the CPU (not on Neuron) -------------------------------------------------
+
+AMX_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+
 
 @pytest.fixture
 def measured(monkeypatch):
-    """A fresh ``auto`` choice (it is cached per op), no environment override; spies on backends."""
+    """A fresh ``auto`` choice on a CPU whose kind decides without timing (AMX: vLLM's kernels
+    wherever they can run), no environment override; spies on backends."""
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    monkeypatch.setattr(auto, "cpu_flags", lambda: AMX_FLAGS)
+    monkeypatch.setattr(auto, "_choices", {})
     dispatch._measured_choice.cache_clear()
+    auto.refusal.cache_clear()
     yield
     dispatch._measured_choice.cache_clear()
+    auto.refusal.cache_clear()
 
 
 def _spy(monkeypatch, module, op_name):
@@ -132,8 +140,8 @@ def _vllm_cpu():
     (torch.bfloat16, 64, 128, None, "torch"),     # Dk != Dv
     (torch.bfloat16, 64, 64, 0.5, "torch"),       # not the default scale
 ])
-def test_auto_prefill_takes_the_measured_fastest_backend(monkeypatch, measured, dtype, dim_k, dim_v, scale,
-                                                         expected):
+def test_auto_prefill_takes_vllm_cpu_where_it_runs_on_an_amx_cpu(monkeypatch, measured, dtype, dim_k, dim_v,
+                                                                 scale, expected):
     vllm_cpu = _vllm_cpu()
     vllm_calls = _spy(monkeypatch, vllm_cpu, "gdn_prefill")
     torch_calls = _spy(monkeypatch, torch_backend, "gdn_prefill")
@@ -145,7 +153,7 @@ def test_auto_prefill_takes_the_measured_fastest_backend(monkeypatch, measured, 
 
 @pytest.mark.parametrize("dtype, dim, expected", [
     (torch.bfloat16, 128, "vllm_cpu"), (torch.float32, 128, "torch"), (torch.bfloat16, 32, "torch")])
-def test_auto_decode_takes_the_measured_fastest_backend(monkeypatch, measured, dtype, dim, expected):
+def test_auto_decode_takes_vllm_cpu_where_it_runs_on_an_amx_cpu(monkeypatch, measured, dtype, dim, expected):
     vllm_calls = _spy(monkeypatch, _vllm_cpu(), "gdn_decode")
     torch_calls = _spy(monkeypatch, torch_backend, "gdn_decode")
     x = make_gdn_inputs([1, 1], 1, 2, dim, dim, dtype=dtype)
@@ -171,60 +179,91 @@ def test_the_env_override_wins_over_the_measured_rules(monkeypatch, measured):
     assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
 
 
-@pytest.mark.parametrize("dtype, dim, cache_dtype, env, expected", [
-    (torch.bfloat16, 128, torch.float32, None, True),
-    (torch.bfloat16, 128, torch.float32, "vllm_cpu", True),
-    (torch.bfloat16, 128, torch.float32, "torch", False),      # the override pins the torch math
-    (torch.bfloat16, 128, torch.bfloat16, None, False),        # the kernel updates float32 pages only
-    (torch.float32, 128, torch.float32, None, False),
-    (torch.bfloat16, 32, torch.float32, None, False),
-])
-@pytest.mark.parametrize("op_name", ["paged_gdn_prefill", "gdn_decode"])
-def test_in_place_gdn_ops_take_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, dtype, dim, cache_dtype, env,
-                                                         expected):
-    vllm_cpu = _vllm_cpu()
+def _set_env(monkeypatch, env):
     if env is None:
         monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     else:
         monkeypatch.setenv(dispatch.ENV_VAR, env)
+
+
+@pytest.mark.parametrize("dtype, dim, cache_dtype, expected", [
+    (torch.bfloat16, 128, torch.float32, True),
+    (torch.bfloat16, 128, torch.bfloat16, False),        # the kernel updates float32 pages only
+    (torch.float32, 128, torch.float32, False),
+    (torch.bfloat16, 32, torch.float32, False),
+])
+@pytest.mark.parametrize("op_name", ["paged_gdn_prefill", "gdn_decode"])
+def test_in_place_gdn_ops_take_vllm_cpu_where_it_runs(measured, op_name, dtype, dim, cache_dtype, expected):
+    vllm_cpu = _vllm_cpu()
     q, v = torch.zeros(3, 1, dim, dtype=dtype), torch.zeros(3, 2, dim, dtype=dtype)
-    chosen = dispatch.select_in_place(op_name, q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype), dim ** -0.5)
-    assert chosen is (getattr(vllm_cpu, op_name) if expected else None)
+    for backend in ("auto", "vllm_cpu"):
+        chosen = dispatch.select_in_place(op_name, backend, q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype),
+                                          dim ** -0.5)
+        assert chosen is (getattr(vllm_cpu, op_name) if expected else None), backend
+
+
+@pytest.mark.parametrize("backend, env, expected", [
+    ("auto", None, True),
+    ("auto", "vllm_cpu", True),
+    ("auto", "torch", False),         # the override pins the torch math
+    ("auto", "nki", False),           # the paged ops' math is torch's
+    ("torch", None, False),
+    ("torch", "vllm_cpu", False),     # a named backend wins over the environment
+    ("vllm_cpu", "torch", True),
+])
+def test_in_place_follows_the_named_backend_then_the_environment(monkeypatch, measured, backend, env, expected):
+    vllm_cpu = _vllm_cpu()
+    _set_env(monkeypatch, env)
+    q, v = torch.zeros(3, 1, 128, dtype=torch.bfloat16), torch.zeros(3, 2, 128, dtype=torch.bfloat16)
+    chosen = dispatch.select_in_place("paged_gdn_prefill", backend, q, v, torch.zeros(2, 2, 128, 128), 128 ** -0.5)
+    assert chosen is (vllm_cpu.paged_gdn_prefill if expected else None)
+
+
+def test_in_place_takes_torch_where_auto_chose_torch(monkeypatch, measured):
+    _vllm_cpu()
+    monkeypatch.setattr(auto, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # measured: torch wins
+    q, v = torch.zeros(3, 1, 128, dtype=torch.bfloat16), torch.zeros(3, 2, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 2, 128, 128)
+    assert dispatch.select_in_place("gdn_decode", "auto", q, v, cache, 128 ** -0.5) is None
+    assert dispatch.select_in_place("gdn_decode", "vllm_cpu", q, v, cache, 128 ** -0.5) is not None
 
 
 BF16 = torch.bfloat16
 
 
-@pytest.mark.parametrize("dtype, weight_dtype, cache_dtype, shape, activation, env, expected", [
-    (BF16, BF16, BF16, (64, 4), "silu", None, True),
-    (BF16, BF16, BF16, (8192, 4), None, "vllm_cpu", True),
-    (BF16, BF16, BF16, (64, 4), "silu", "torch", False),     # the override pins the torch math
-    (BF16, BF16, torch.float32, (64, 4), "silu", None, False),  # the kernel keeps bf16 windows only
-    (BF16, torch.float32, BF16, (64, 4), "silu", None, False),
-    (torch.float32, torch.float32, torch.float32, (64, 4), "silu", None, False),
-    (BF16, BF16, BF16, (64, 3), "silu", None, False),        # kernel width 4 only
-    (BF16, BF16, BF16, (48, 4), "silu", None, False),        # whole 32-channel vectors only
+@pytest.mark.parametrize("dtype, weight_dtype, cache_dtype, shape, activation, expected", [
+    (BF16, BF16, BF16, (64, 4), "silu", True),
+    (BF16, BF16, BF16, (8192, 4), None, True),
+    (BF16, BF16, torch.float32, (64, 4), "silu", False),  # the kernel keeps bf16 windows only
+    (BF16, torch.float32, BF16, (64, 4), "silu", False),
+    (torch.float32, torch.float32, torch.float32, (64, 4), "silu", False),
+    (BF16, BF16, BF16, (64, 3), "silu", False),        # kernel width 4 only
+    (BF16, BF16, BF16, (48, 4), "silu", False),        # whole 32-channel vectors only
 ])
 @pytest.mark.parametrize("op_name", ["paged_conv1d_prefill", "paged_conv1d_decode"])
-def test_in_place_conv_takes_vllm_cpu_where_its_rule_holds(monkeypatch, op_name, dtype, weight_dtype, cache_dtype,
-                                                           shape, activation, env, expected):
+def test_in_place_conv_takes_vllm_cpu_where_it_runs(measured, op_name, dtype, weight_dtype, cache_dtype, shape,
+                                                    activation, expected):
     vllm_cpu = _vllm_cpu()
     if not vllm_cpu.conv_is_available():
         pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
-    if env is None:
-        monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    else:
-        monkeypatch.setenv(dispatch.ENV_VAR, env)
     channels, width = shape
-    chosen = dispatch.select_in_place(op_name, torch.zeros(3, channels, dtype=dtype),
-                                      torch.zeros(shape, dtype=weight_dtype),
-                                      torch.zeros(2, channels, width, dtype=cache_dtype), activation)
-    assert chosen is (getattr(vllm_cpu, op_name) if expected else None)
+    for backend in ("auto", "vllm_cpu"):
+        chosen = dispatch.select_in_place(op_name, backend, torch.zeros(3, channels, dtype=dtype),
+                                          torch.zeros(shape, dtype=weight_dtype),
+                                          torch.zeros(2, channels, width, dtype=cache_dtype), activation)
+        assert chosen is (getattr(vllm_cpu, op_name) if expected else None), backend
 
 
 def test_in_place_refuses_an_unknown_op():
     with pytest.raises(ValueError, match="op_name: expected one of"):
-        dispatch.select_in_place("conv1d_decode", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64), torch.zeros(1), 0.125)
+        dispatch.select_in_place("conv1d_decode", "auto", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64),
+                                 torch.zeros(1), 0.125)
+
+
+def test_in_place_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="backend: expected one of .*got 'nki'"):
+        dispatch.select_in_place("gdn_decode", "nki", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64),
+                                 torch.zeros(1, 1, 64, 64), 0.125)
 
 
 @pytest.mark.parametrize("backend, env, expected", [
@@ -232,7 +271,7 @@ def test_in_place_refuses_an_unknown_op():
     ("vllm_cpu", None, "vllm_cpu"),
     ("auto", "torch", "torch"),
     ("auto", "vllm_cpu", "vllm_cpu"),
-    ("auto", None, "auto"),       # the measured per-call choice
+    ("auto", None, "auto"),       # the CPU's choice per shape
 ])
 def test_backend_name_names_what_the_choice_resolves_to(monkeypatch, measured, backend, env, expected):
     _vllm_cpu()

@@ -10,9 +10,11 @@ shell); this module only adapts vLLM's pieces to it:
 - metadata: vLLM's ``GDNAttentionMetadata`` (decodes ordered before prefills) becomes
   ``ops.DecodeStep`` / ``ops.PrefillStep``, built and checked on the host once per step
   and shared by every GDN layer of the step;
-- backend: the trace-safe paged ops (torch math) by default; when ``$VLLM_GDN_BACKEND``
-  chooses another backend (``nki`` in its interpreter, ``vllm_cpu``) the same step runs
-  through the public ops that dispatch to it (``gdn_mix(..., paged=False)``).
+- backend: chosen once, when the layer is built (``ops.layer_backends``: the CPU's
+  instruction sets or a start-up measurement on the layer's shapes, logged once; or
+  ``$VLLM_GDN_BACKEND``): the trace-safe paged ops, each phase on torch math or vLLM's C++
+  kernels; when ``$VLLM_GDN_BACKEND`` names ``nki`` (its interpreter) or ``vllm_cpu`` the
+  step runs through the public ops that dispatch to it (``gdn_mix(..., paged=False)``).
 
 A step without this layer's metadata is refused, except vLLM's profiling run: vLLM runs
 the model once with ``attn_metadata=None`` before it allocates the cache, and then no
@@ -32,7 +34,8 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
-from vllm_gdn_neuron.ops.dispatch import backend_name
+from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
+from vllm_gdn_neuron.ops.layer_backends import layer_backends
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.layers.norms import GatedRMSNorm
 
@@ -108,6 +111,14 @@ class GatedDeltaNet(nn.Module, MambaBase):
             total_value_dim, config.hidden_size, bias=False, input_is_parallel=True, prefix=f"{prefix}.out_proj"
         )
 
+        conv_dtype, ssm_dtype = self.get_state_dtype()
+        self.backends = layer_backends(
+            GdnShape(self.model_dtype, self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim,
+                     self.head_k_dim ** -0.5, ssm_dtype),
+            ConvShape(self.model_dtype, self.conv1d.weight.dtype, conv_dtype, self.dims.conv_dim, self.conv_kernel,
+                      "silu"),
+            vllm_config.device_config.device_type)
+
         # vLLM finds attention-like layers (and binds their cache) through this table.
         static_forward_context = get_current_vllm_config().compilation_config.static_forward_context
         if prefix in static_forward_context:
@@ -155,12 +166,9 @@ class GatedDeltaNet(nn.Module, MambaBase):
         else:
             conv_cache, ssm_cache = cache
             decode, prefill = engine_step(step, conv_cache.shape[0])
-            # torch, and auto's per-call choice on the CPU, run the paged ops, which take vLLM's
-            # C++ kernels themselves where those win; a backend that $VLLM_GDN_BACKEND names
-            # (nki, vllm_cpu) runs through the public ops.
-            paged = backend_name("auto", "gdn_prefill", qkv.device) in ("torch", "auto")
             core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
-                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill, paged=paged)
+                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill,
+                           paged=self.backends.dispatched is None, paged_ops=self.backends.paged_ops)
         out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
         out, _ = self.out_proj(out.view(num_tokens, self.value_dim))
         return out

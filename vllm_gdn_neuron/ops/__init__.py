@@ -1,7 +1,9 @@
 """The public GDN op surface; validates inputs and dispatches to a backend.
 
 ``backend="auto"`` takes ``$VLLM_GDN_BACKEND`` when set, else ``nki`` on a Neuron device,
-else ``torch``. Backends and their contract: ``vllm_gdn_neuron.ops.backends``.
+else on the CPU the backend ``vllm_gdn_neuron.ops.auto`` chose for the call's phase and shape,
+else ``torch``. Backends and their contract: ``vllm_gdn_neuron.ops.backends``; a serving
+layer's choice, made once: ``vllm_gdn_neuron.ops.layer_backends``.
 
 The paged ops (``paged_*``) are the trace-safe engine-step path: they read and write page-major
 caches themselves from a ``DecodeStep`` / ``PrefillStep`` built once per step, whose values

@@ -1,12 +1,14 @@
-"""Backend choice: ``backend="auto"`` -> ``$VLLM_GDN_BACKEND`` -> ``nki`` on Neuron -> measured rules -> ``torch``.
+"""Backend choice: ``backend="auto"`` -> ``$VLLM_GDN_BACKEND`` -> ``nki`` on Neuron -> the CPU's choice -> ``torch``.
 
 Backend modules live at ``vllm_gdn_neuron.ops.backends.<name>`` and are imported lazily, the
 first time an op asks for them; see ``backends/__init__.py`` for the contract they implement.
 An op the chosen backend does not implement runs on ``torch`` under ``auto`` (including a
 ``$VLLM_GDN_BACKEND`` choice) and is refused when the backend is named in the call.
 
-On the CPU, ``auto`` picks per call, by the call's dtype and shapes, the backend the benchmarks
-measured fastest (``AUTO_RULES``); calls no rule claims, and other devices, run on ``torch``.
+On the CPU, ``auto`` runs each GDN call on the backend ``vllm_gdn_neuron.ops.auto`` chose for
+its phase and shape, by the CPU's instruction sets or a measurement at the first call of that
+shape; other calls, and other devices, run on ``torch``. The serving layer makes the same
+choice once, at construction (``ops.layer_backends``), and names the backends in its calls.
 """
 
 import functools
@@ -18,59 +20,32 @@ import types
 
 import torch
 
+from .auto import Choice, ConvShape, GdnShape, choose, refusal
+
 BACKENDS = ("torch", "nki", "vllm_cpu")
 ENV_VAR = "VLLM_GDN_BACKEND"
 NEURON_DEVICE_TYPES = ("xla", "neuron")
-#: vLLM's C++ GDN prefill kernel: bfloat16, Dk == Dv in these sizes, the default scale.
-VLLM_CPU_HEAD_DIMS = (64, 128)
 
 
-def _vllm_cpu_wins(q, v, scale):
-    """bf16 GDN on the CPU with Dk == Dv in {64, 128} and the default scale: vLLM's kernels.
-
-    Measured on this project's 2-core AVX-512-BF16 + AMX machine, torch backend against this
-    backend on the same call, round-robin, best of 4-30 rounds, ``use_qk_l2norm``, Hk/Hv 16/32
-    and D = 128 unless said (1-min load average in brackets; ``benchmarks/README.md`` has the
-    benchmark tables):
-
-    | call | torch ms | vllm_cpu ms |
-    |---|---|---|
-    | prefill T = 8192, 1 sequence, 16/16 [0.0] | 237 | 127 |
-    | prefill T = 8192, 1 sequence [0.0] | 529 | 230 |
-    | prefill T = 4096, 8 sequences, initial states [5.0] | 2959 | 294 |
-    | prefill T = 512, 1 sequence [5.0] | 129 | 18.1 |
-    | prefill T = 512, 1 sequence, 16/16, D = 64 [5.0] | 20.9 | 4.6 |
-    | prefill T = 128, 1 sequence [5.0] | 27.5 | 5.1 |
-    | prefill T = 16, 16 sequences of 1 [5.0] | 475 | 44 |
-    | decode, 1 row [8.5] | 0.27 | 0.17 |
-    | decode, 8 rows [8.5] | 2.30 | 1.30 |
-    | decode, 32 rows [8.5] | 86.9 | 7.9 |
-
-    No measured shape favoured torch; under load the gap widens (each torch op that spans both
-    cores waits for the other core's thread; vLLM's kernels run one parallel region per call).
-
-    Their bf16 arithmetic costs accuracy against torch's float32 (decode: about 0.5 % of the
-    state's peak per step, the kernel's own; prefill: about one bf16 ulp); both are held to the
-    same float64 references in ``tests/ops/test_vllm_cpu_backend.py``. ``VLLM_GDN_BACKEND=torch``
-    pins the float32 torch math.
-    """
-    dim_k, dim_v = q.shape[2], v.shape[2]
-    return q.dtype == torch.bfloat16 and dim_k == dim_v and dim_k in VLLM_CPU_HEAD_DIMS and scale == dim_k ** -0.5
+def _gdn_shape(q, v, scale, ssm_dtype):
+    return GdnShape(q.dtype, q.shape[1], v.shape[1], q.shape[2], v.shape[2], scale, ssm_dtype)
 
 
-def _gdn_prefill_on_vllm_cpu(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    return _vllm_cpu_wins(q, v, scale)
+def _gdn_prefill_backend(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm):
+    return choose("gdn_prefill", _gdn_shape(q, v, scale, torch.float32))  # the op's states are float32
 
 
-def _gdn_decode_on_vllm_cpu(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
-    return _vllm_cpu_wins(q, v, scale) and load_backend("vllm_cpu").rows_contiguous(state)
+def _gdn_decode_backend(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
+    if not load_backend("vllm_cpu").rows_contiguous(state):
+        return Choice("torch", "state rows not contiguous")
+    return choose("gdn_decode", _gdn_shape(q, v, scale, state.dtype))
 
 
-#: op -> ``((backend, wins(*op_args) -> bool), ...)``, tried in order under ``auto`` on the CPU;
-#: the first available backend whose rule holds runs the call, else ``torch``.
+#: op -> ``backend_for(*op_args) -> auto.Choice``: the public ops ``auto`` chooses for on the CPU
+#: (``vllm_gdn_neuron.ops.auto``, once per shape); the other ops run on ``torch``.
 AUTO_RULES = {
-    "gdn_prefill": (("vllm_cpu", _gdn_prefill_on_vllm_cpu),),
-    "gdn_decode": (("vllm_cpu", _gdn_decode_on_vllm_cpu),),
+    "gdn_prefill": _gdn_prefill_backend,
+    "gdn_decode": _gdn_decode_backend,
 }
 
 
@@ -129,9 +104,9 @@ def select_backend(backend, op_name, device):
         device: the torch device of the op's tensors.
 
     Returns:
-        The backend module, or under ``auto`` on the CPU where ``AUTO_RULES`` has rules for the
-        op, an object whose ``op_name`` picks the backend per call; either has a function named
-        ``op_name``.
+        The backend module, or under ``auto`` on the CPU where ``AUTO_RULES`` has a rule for the
+        op, an object whose ``op_name`` runs each call on the backend chosen for its shape;
+        either has a function named ``op_name``.
     """
     if backend == "auto":
         override = os.environ.get(ENV_VAR, "").strip()
@@ -152,8 +127,8 @@ def backend_name(backend, op_name, device):
     """The backend ``select_backend`` resolves ``backend`` to for ``op_name`` on ``device``.
 
     Returns:
-        A name in ``BACKENDS``, or ``"auto"`` where ``auto`` picks per call (the CPU's
-        measured rules).
+        A name in ``BACKENDS``, or ``"auto"`` where ``auto`` chooses per shape (the CPU's
+        choice, ``vllm_gdn_neuron.ops.auto``).
     """
     chosen = select_backend(backend, op_name, device)
     return chosen.__name__.rsplit(".", 1)[-1] if isinstance(chosen, types.ModuleType) else "auto"
@@ -168,63 +143,75 @@ def _require_op(name, op_name, argument):
 
 @functools.cache
 def _measured_choice(op_name):
-    """``torch``, or a stand-in whose ``op_name`` runs each call on the backend AUTO_RULES pick."""
+    """``torch``, or a stand-in whose ``op_name`` runs each call on the backend AUTO_RULES choose."""
     fallback = _require_op("torch", op_name, "backend")
-    rules = tuple((name, wins) for name, wins in AUTO_RULES.get(op_name, ()) if _is_available(name))
-    if not rules:
+    backend_for = AUTO_RULES.get(op_name)
+    if backend_for is None or not _is_available("vllm_cpu"):
         return fallback
 
     def run(*args):
-        for name, wins in rules:
-            if wins(*args):
-                return getattr(load_backend(name), op_name)(*args)
-        return getattr(fallback, op_name)(*args)
+        return getattr(load_backend(backend_for(*args).backend), op_name)(*args)
 
     run.__name__ = run.__qualname__ = op_name
     return types.SimpleNamespace(**{op_name: run})
 
 
 def _gdn_rows_in_place(q, v, ssm_cache, scale):
-    """vLLM's GDN kernels on float32 CPU cache rows, each contiguous, where ``_vllm_cpu_wins``."""
-    return (q.device.type == "cpu" and ssm_cache.dtype == torch.float32 and _vllm_cpu_wins(q, v, scale)
-            and _is_available("vllm_cpu") and load_backend("vllm_cpu").rows_contiguous(ssm_cache))
+    """The shape of an in-place GDN call on CPU cache rows, each contiguous, else None."""
+    if q.device.type != "cpu" or not load_backend("vllm_cpu").rows_contiguous(ssm_cache):
+        return None
+    return _gdn_shape(q, v, scale, ssm_cache.dtype)
 
 
 def _conv_in_place(x, weight, conv_cache, activation):
-    """vLLM's C++ causal conv1d on CPU inputs it can run (``vllm_cpu.conv_refusal``: bf16 x, weight
-    and cache, K = 4, C % 32 == 0, an AVX-512 BF16 CPU).
-
-    Measured on this project's 2-core AVX-512-BF16 + AMX machine (1-min load average 2.4),
-    C = 8192 (the real models' q | k | v channels), K = 4: ``paged_conv1d_prefill`` of 8 fresh
-    sequences of 256 tokens, torch 413 ms, vLLM's kernel 26 ms; ``paged_conv1d_decode`` of 32
-    rows (1-min load 1.6), torch 3.07 ms, vLLM's kernel with its staging 0.83 ms.
-    """
-    return (x.device.type == "cpu" and _is_available("vllm_cpu")
-            and load_backend("vllm_cpu").conv_refusal(x, weight, conv_cache, activation) is None)
+    """The shape of an in-place conv call on CPU pages, else None."""
+    if x.device.type != "cpu":
+        return None
+    return ConvShape(x.dtype, weight.dtype, conv_cache.dtype, weight.shape[0], weight.shape[1], activation)
 
 
-#: The in-place cache-page ops of ``vllm_cpu`` that eager paged ops may call, each with the rule
-#: (over the arguments ``select_in_place`` takes for it) under which it runs.
+#: The in-place cache-page ops of ``vllm_cpu`` that eager paged ops may call: their phase in
+#: ``vllm_gdn_neuron.ops.auto`` and the shape of a call (from the arguments ``select_in_place``
+#: takes for it), None where the tensors themselves rule the kernel out.
 IN_PLACE_RULES = {
-    "paged_gdn_prefill": _gdn_rows_in_place,   # (q, v, ssm_cache, scale)
-    "gdn_decode": _gdn_rows_in_place,          # (q, v, ssm_cache, scale)
-    "paged_conv1d_prefill": _conv_in_place,    # (x, weight, conv_cache, activation)
-    "paged_conv1d_decode": _conv_in_place,     # (x, weight, conv_cache, activation)
+    "paged_gdn_prefill": ("gdn_prefill", _gdn_rows_in_place),   # (q, v, ssm_cache, scale)
+    "gdn_decode": ("gdn_decode", _gdn_rows_in_place),           # (q, v, ssm_cache, scale)
+    "paged_conv1d_prefill": ("conv_prefill", _conv_in_place),   # (x, weight, conv_cache, activation)
+    "paged_conv1d_decode": ("conv_decode", _conv_in_place),     # (x, weight, conv_cache, activation)
 }
 IN_PLACE_OPS = tuple(IN_PLACE_RULES)
+PAGED_BACKENDS = ("auto", "torch", "vllm_cpu")
 
 
-def select_in_place(op_name, *args):
+def select_in_place(op_name, backend, *args):
     """The ``vllm_cpu`` function an eager CPU paged op can run on its cache, or None for torch.
 
-    ``op_name`` is one of ``IN_PLACE_OPS`` (the backend functions of those names, which update
-    cache pages in place), ``args`` the ones its rule in ``IN_PLACE_RULES`` takes. Chosen where
-    that rule holds and ``$VLLM_GDN_BACKEND`` names no other backend. Never for traced code (C++
-    calls).
+    Args:
+        op_name: one of ``IN_PLACE_OPS`` (the backend functions of those names, which update
+            cache pages in place).
+        backend: ``"torch"`` (None), ``"vllm_cpu"`` (the kernel wherever it can run the call's
+            tensors), or ``"auto"``: ``$VLLM_GDN_BACKEND`` when it names ``torch`` or
+            ``vllm_cpu``, else the kernel where ``auto.choose`` took it for the call's shape.
+        args: the ones its shape rule in ``IN_PLACE_RULES`` takes.
+
+    Never for traced code (C++ calls).
     """
     if op_name not in IN_PLACE_RULES:
         raise ValueError(f"op_name: expected one of {IN_PLACE_OPS}, got {op_name!r}")
-    override = os.environ.get(ENV_VAR, "").strip()
-    if override not in ("", "auto", "vllm_cpu") or not IN_PLACE_RULES[op_name](*args):
+    if backend == "auto":
+        override = os.environ.get(ENV_VAR, "").strip()
+        if override not in ("", "auto"):
+            backend = override if override == "vllm_cpu" else "torch"
+    elif backend not in PAGED_BACKENDS:
+        raise ValueError(f"backend: expected one of {PAGED_BACKENDS}, got {backend!r}")
+    if backend == "torch":
         return None
-    return getattr(load_backend("vllm_cpu"), op_name)
+    phase, shape_of = IN_PLACE_RULES[op_name]
+    shape = shape_of(*args)
+    if shape is None:
+        return None
+    if backend == "auto":
+        runs_on_vllm_cpu = choose(phase, shape).backend == "vllm_cpu"
+    else:
+        runs_on_vllm_cpu = refusal(phase, shape) is None
+    return getattr(load_backend("vllm_cpu"), op_name) if runs_on_vllm_cpu else None

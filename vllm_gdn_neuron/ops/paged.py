@@ -75,10 +75,10 @@ def _initial_rows(cache, step):
     return torch.where(keep, rows, 0.0)
 
 
-def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
+def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu", backend="auto"):
     """One conv1d step per decode row; each row's page becomes its window.
 
-    Eagerly on CPU, where ``dispatch.select_in_place`` finds vLLM's C++ conv step faster (bf16
+    Eagerly on CPU, where ``backend`` takes vLLM's C++ conv step and it can run the inputs (bf16
     everywhere, K = 4, C a multiple of 32, AVX-512 BF16), that kernel runs instead.
 
     Dimensions:
@@ -90,14 +90,15 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
         conv_cache: ``[P, C, K]`` float32 or x's dtype; pages ``step.pages`` are rewritten.
         step: the step's ``DecodeStep``.
         activation: ``"silu"`` or None.
+        backend: ``"auto"``, ``"torch"`` or ``"vllm_cpu"`` (``dispatch.select_in_place``).
 
     Returns:
         ``y``: ``[N, C]`` in x's dtype; padding rows zero.
     """
     _check_step(step, DecodeStep)
     _check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
-    fast = None if torch.compiler.is_compiling() else select_in_place("paged_conv1d_decode", x, weight,
-                                                                        conv_cache, activation)
+    fast = None if torch.compiler.is_compiling() else select_in_place(
+        "paged_conv1d_decode", backend, x, weight, conv_cache, activation)
     if fast is not None:
         return fast(x, weight, conv_cache, step.pages, step.is_real, activation)
     rows = conv_cache.index_select(0, step.pages)
@@ -107,15 +108,15 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
     return torch.where(step.is_real[:, None], y, 0.0).to(x.dtype)
 
 
-def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
+def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu", backend="auto"):
     """Causal conv1d over the step's packed prompts, from (and back to) their pages.
 
     Every sequence is laid out behind its K-row incoming state in one token-major float32 buffer
     ``[state_0; x_0; state_1; x_1; ...; zeros; padding tokens]`` and one depthwise conv runs down
     it (``conv_over_rows``): each output reads at most K - 1 rows back, never past its own state;
     each final state is the K rows ending at the sequence's last token (its incoming state for an
-    empty sequence). Eagerly on CPU, where ``dispatch.select_in_place`` finds vLLM's C++ conv
-    faster (bf16 everywhere, K = 4, C a multiple of 32, AVX-512 BF16), that kernel runs instead.
+    empty sequence). Eagerly on CPU, where ``backend`` takes vLLM's C++ conv and it can run the
+    inputs (bf16 everywhere, K = 4, C a multiple of 32, AVX-512 BF16), that kernel runs instead.
 
     Args:
         x: ``[T, C]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -123,14 +124,15 @@ def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
         conv_cache: ``[P, C, K]`` float32 or x's dtype; pages ``step.pages`` get the final states.
         step: the step's ``PrefillStep``.
         activation: ``"silu"`` or None.
+        backend: as in ``paged_conv1d_decode``.
 
     Returns:
         ``y``: ``[T, C]`` in x's dtype; padding tokens zero.
     """
     _check_step(step, PrefillStep)
     channels, width = _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
-    fast = None if torch.compiler.is_compiling() else select_in_place("paged_conv1d_prefill", x, weight,
-                                                                        conv_cache, activation)
+    fast = None if torch.compiler.is_compiling() else select_in_place(
+        "paged_conv1d_prefill", backend, x, weight, conv_cache, activation)
     if fast is not None:
         return fast(x, weight, conv_cache, step.query_start_loc, step.pages, step.has_state, activation)
     num_tokens, num_seqs, device = step.num_tokens, step.num_seqs, x.device
@@ -150,7 +152,7 @@ def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
     return torch.where(step.is_real_token[:, None], y, 0.0).to(x.dtype)
 
 
-def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False, backend="auto"):
     """One gated delta rule step per decode row, from and back to its page.
 
     Per value head: ``S <- exp(g) S``; ``v_new = beta (v - S^T k)``; ``S <- S + k v_new^T``;
@@ -159,7 +161,7 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     back whole; run eagerly on a float32 cache, the torch backend updates them in place (same
     math, padding rows left out; the gathered copy measured 2.4x slower for 32 rows of
     32 x 128 x 128 on CPU; the in-place step loops over rows on the host, so eager only). The
-    in-place step is vLLM's fused C++ decode where ``dispatch.select_in_place`` picks it.
+    in-place step is vLLM's fused C++ decode where ``backend`` takes it (``dispatch.select_in_place``).
 
     Args:
         q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
@@ -169,6 +171,7 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
         step: the step's ``DecodeStep``.
         scale: output scale, None for ``Dk ** -0.5``.
         use_qk_l2norm: L2-normalise q and k per head (float32) first.
+        backend: ``"auto"``, ``"torch"`` or ``"vllm_cpu"`` (``dispatch.select_in_place``).
 
     Returns:
         ``o``: ``[N, Hv, Dv]`` in q's dtype; padding rows zero.
@@ -177,7 +180,7 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
     scale = resolve_scale(scale, dim_k)
     if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
-        return _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm))
+        return _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm), backend)
     group = v.shape[1] // q.shape[1]
     state = ssm_cache.index_select(0, step.pages).float()
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
@@ -191,13 +194,13 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     return torch.where(step.is_real[:, None, None], o, 0.0).to(v.dtype)
 
 
-def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm):
+def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm, backend):
     """Eager decode through the torch backend, which updates the pages where they are.
 
     The backend takes distinct pages, so padding rows (which share the pad page) are left out;
     whether there are any is one host read of ``[N]`` booleans, done only eagerly.
     """
-    step_fn = select_in_place("gdn_decode", q, v, ssm_cache, scale) or recurrent.gdn_decode
+    step_fn = select_in_place("gdn_decode", backend, q, v, ssm_cache, scale) or recurrent.gdn_decode
     if bool(step.is_real.all()):
         return step_fn(q, k, v, g, beta, ssm_cache, step.pages, scale, use_qk_l2norm)
     real = step.is_real
@@ -207,14 +210,14 @@ def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm):
     return o
 
 
-def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False, backend="auto"):
     """Chunked gated delta rule over the step's packed prompts, from and back to their pages.
 
     Runs the torch backend's chunked scan on ``step.chunks`` (a layout planned per bucket, or
     exactly from the host values with ``PrefillStep.build(exact_plan=True)``). Eagerly on CPU,
-    where ``dispatch.select_in_place`` finds vLLM's C++ kernel faster for the shape (bf16,
-    Dk = Dv in {64, 128}, float32 cache with contiguous pages), that kernel advances the pages
-    in place instead.
+    where ``backend`` takes vLLM's C++ kernel and it can run the inputs (bf16, Dk = Dv in
+    {64, 128}, float32 cache with contiguous pages), that kernel advances the pages in place
+    instead.
 
     Args:
         q, k: ``[T, Hk, Dk]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -222,7 +225,7 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l
         g, beta: ``[T, Hv]`` float32 (g <= 0).
         ssm_cache: ``[P, Hv, Dk, Dv]`` float32 or bfloat16; pages ``step.pages`` get the final states.
         step: the step's ``PrefillStep``.
-        scale, use_qk_l2norm: as in ``paged_gdn_decode``.
+        scale, use_qk_l2norm, backend: as in ``paged_gdn_decode``.
 
     Returns:
         ``o``: ``[T, Hv, Dv]`` in q's dtype; padding tokens zero.
@@ -230,7 +233,8 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l
     _check_step(step, PrefillStep)
     dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
     scale = resolve_scale(scale, dim_k)
-    fast = None if torch.compiler.is_compiling() else select_in_place("paged_gdn_prefill", q, v, ssm_cache, scale)
+    fast = None if torch.compiler.is_compiling() else select_in_place(
+        "paged_gdn_prefill", backend, q, v, ssm_cache, scale)
     if fast is not None:
         return fast(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.has_state, scale,
                     bool(use_qk_l2norm))

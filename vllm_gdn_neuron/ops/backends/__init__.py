@@ -2,8 +2,8 @@
 
 A backend is a module ``vllm_gdn_neuron.ops.backends.<name>``, imported lazily by
 ``vllm_gdn_neuron.ops.dispatch``: ``torch`` (everything, any device), ``nki`` (NKI kernels; on
-trn2, or the CPU interpreter), ``vllm_cpu`` (opt-in: gdn_prefill through vLLM's C++ CPU
-kernel). It exposes some or all of the functions below (an op a backend lacks is refused when
+trn2, or the CPU interpreter), ``vllm_cpu`` (vLLM's C++ CPU GDN and conv
+kernels; ``auto`` takes it where ``vllm_gdn_neuron.ops.auto`` chose it). It exposes some or all of the functions below (an op a backend lacks is refused when
 that backend is named in the call, and runs on ``torch`` under ``backend="auto"``, including a
 ``$VLLM_GDN_BACKEND`` choice), and optionally ``is_available() -> bool`` (asked before ``auto``
 picks ``nki``). A backend that cannot run particular inputs raises a ValueError naming the

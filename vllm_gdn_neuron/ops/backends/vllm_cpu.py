@@ -3,9 +3,10 @@
 Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu`` (``gdn_prefill``, and ``paged_gdn_prefill``
 for the eager paged op), ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``) and
 ``causal_conv1d_fwd_cpu`` / ``causal_conv1d_update_cpu`` (``paged_conv1d_prefill`` /
-``paged_conv1d_decode``, the eager paged convs); the other ops run on ``torch``. ``backend="auto"`` takes it on the CPU where the benchmarks measured it
-fastest (``vllm_gdn_neuron.ops.dispatch``: bf16, Dk = Dv in {64, 128}, the default scale);
-``backend="vllm_cpu"`` or ``VLLM_GDN_BACKEND=vllm_cpu`` name it outright.
+``paged_conv1d_decode``, the eager paged convs); the other ops run on ``torch``.
+``backend="auto"`` takes it on the CPU where ``vllm_gdn_neuron.ops.auto`` chose it for the
+phase and shape (by the CPU's kind, or timed at start-up); ``backend="vllm_cpu"`` or
+``VLLM_GDN_BACKEND=vllm_cpu`` name it outright.
 
 What the kernels support, checked before the call (ValueError otherwise): bfloat16 q/k/v,
 ``Dk == Dv`` in {64, 128}, the default scale ``Dk ** -0.5``, float32 cache rows that are each

