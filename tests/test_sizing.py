@@ -18,6 +18,7 @@ import yaml
 from safetensors import safe_open
 
 from vllm_gdn_neuron import plugin, sizing
+from vllm_gdn_neuron.layers import dims as model_dims
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ def _meta_parameter_count(class_name: str, overrides: dict) -> int:
 @pytest.mark.parametrize("name", sorted(sizing.PUBLISHED))
 def test_real_weights_equal_transformers_parameter_count(name):
     class_name, overrides, _ = sizing.PUBLISHED[name]
-    counted = sizing.count_weights(sizing.published_dims(name)).total
+    counted = model_dims.count_weights(sizing.published_dims(name)).total
     assert counted == _meta_parameter_count(class_name, overrides)
 
 
@@ -93,8 +94,8 @@ def test_weights_of_small_configs_equal_transformers_parameter_count(class_name,
     import transformers
 
     overrides = dict(_SMALL, **extra, attention_bias=attention_bias)
-    dims = sizing.ModelDims.from_hf(getattr(transformers, class_name)(**overrides), "small", "test")
-    assert sizing.count_weights(dims).total == _meta_parameter_count(class_name, overrides)
+    dims = model_dims.ModelDims.from_hf(getattr(transformers, class_name)(**overrides), "small", "test")
+    assert model_dims.count_weights(dims).total == _meta_parameter_count(class_name, overrides)
 
 
 # HBM used per core after loading weights, measured on trn2.3xlarge (TP 4, bf16, LNC=2):
