@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from engines import ENGINE_DEFAULTS, engine, greedy_in_subprocess  # noqa: F401 (the tests import them from here)
+from engines import ENGINE_DEFAULTS, engine, greedy_in_subprocess, greedy_logprobs_in_subprocess  # noqa: F401 (the tests import them from here)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
