@@ -5,11 +5,11 @@ the functions it runs by module name, and the whole suite has more than one
 ``conftest`` module.
 """
 
-import concurrent.futures
 import contextlib
 import gc
-import multiprocessing
 import os
+
+from oracle import in_subprocess
 
 # In-process engine (no engine-core subprocess): starts in seconds, and this process
 # sees the engine's errors directly.
@@ -60,13 +60,6 @@ def _top(steps, k: int) -> tuple[list[list[int]], list[list[float]]]:
     """The ``k`` best-ranked tokens of each step and their logprobs, from vLLM's per-step dicts."""
     best = [sorted(step.items(), key=lambda item: item[1].rank)[:k] for step in steps]
     return [[token for token, _ in step] for step in best], [[lp.logprob for _, lp in step] for step in best]
-
-
-def in_subprocess(function, *args):
-    """``function(*args)`` in a fresh ``spawn`` process (its memory goes back to the system on exit)."""
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(function, *args).result()
 
 
 def greedy_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int, **engine_kwargs):

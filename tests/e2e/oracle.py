@@ -25,14 +25,14 @@ bf16 itself does. Unlike the greedy rule it does not end at the first near-tie, 
 holds the logprobs of every step, not only their arg max.
 """
 
+import concurrent.futures
 import functools
 import gc
 import math
+import multiprocessing
 import statistics
 
 import torch
-
-from engines import in_subprocess
 
 # Largest logit gap accepted as a bf16 rounding tie, in bf16 ulps of the top logit.
 BF16_TIE_ULPS = 4
@@ -96,6 +96,13 @@ def _forced_logprobs(model, prompt: list[int], ids: list[int], tokens: list[list
     """Teacher-forced log-probabilities ``[len(ids), k]`` of ``tokens[s]`` (k ids) at each step s."""
     logprobs = torch.log_softmax(_forced_logits(model, prompt, ids), dim=-1)
     return torch.gather(logprobs, 1, torch.tensor(tokens))
+
+
+def in_subprocess(function, *args):
+    """``function(*args)`` in a fresh ``spawn`` process (its memory goes back to the system on exit)."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(function, *args).result()
 
 
 def _bf16_oracle(model_dir: str, prompts: list[list[int]], max_new_tokens: int, scored):
