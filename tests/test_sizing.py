@@ -7,11 +7,11 @@
 """
 
 import dataclasses
-import importlib.util
 import json
 import math
 import pathlib
 
+import build_tiny_models as builder
 import pytest
 import torch
 import yaml
@@ -27,16 +27,8 @@ GIB = 1024**3
 MIB = 1024**2
 
 
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    builder = _load_builder()
     out = tmp_path_factory.mktemp("tiny-models")
     return {name: builder.build(name, out) for name in builder.MODELS}
 

@@ -352,19 +352,18 @@ def _load_module(name: str, path: pathlib.Path):
     return module
 
 
-def _builder():
-    return _load_module("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
-
-
 def builder_models() -> tuple[str, ...]:
     """The checkpoints ``configs/build_tiny_models.py`` builds (tiny, and real-dims where it has them)."""
-    builder = _builder()
+    import build_tiny_models as builder
+
     return tuple(builder.MODELS) + tuple(getattr(builder, "REAL_MODELS", ()))
 
 
 def build_model(name: str, out_dir: pathlib.Path) -> pathlib.Path:
     """A checkpoint of ``configs/build_tiny_models.py`` (a tiny or a real-dims one)."""
-    return _builder().build(name, out_dir)
+    import build_tiny_models as builder
+
+    return builder.build(name, out_dir)
 
 
 def _free_port() -> int:
