@@ -43,6 +43,8 @@ import sys
 from dataclasses import dataclass, replace
 
 from vllm_gdn_neuron.layers.dims import ModelDims, count_weights
+from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, hybrid_block_size
+from vllm_gdn_neuron.neuron.contract import NUM_RESERVED_PAGES
 
 GIB = 1024**3
 MIB = 1024**2
@@ -185,14 +187,11 @@ def _check_heads(dims: ModelDims, tp: int) -> None:
         )
 
 
-# The Neuron shell's GDN page holds both states in float32 (one dtype per page-major view).
-STATE_BYTES = 4
+# The Neuron shell's GDN page holds both states in one dtype (float32) per page-major view.
+STATE_BYTES = STATE_DTYPE.itemsize
 # Token alignment of an attention block: vllm-neuron's Qwen3.5 example measured 35B-A3B's
 # page geometry as "block_size 32 -> 544", i.e. 32-token steps (the attention kernel's).
 ATTENTION_BLOCK_ALIGNMENT = 32
-# Pages every bound view holds past the pool's blocks: the Neuron shell's zero page (padding
-# rows read it) and sink (padding rows write it).
-RESERVED_PAGES = 2
 
 
 @dataclass(frozen=True)
@@ -217,8 +216,7 @@ class Sizing:
         """Tokens per attention block: the aligned size whose KV page holds a state page."""
         if not self.dims.num_gdn_layers:
             return self.serving.max_model_len
-        step = ATTENTION_BLOCK_ALIGNMENT * self.kv_per_token
-        return ATTENTION_BLOCK_ALIGNMENT * math.ceil(self.state_page / step)
+        return hybrid_block_size(self.kv_per_token, self.state_page, ATTENTION_BLOCK_ALIGNMENT)
 
     @property
     def page(self) -> int:
@@ -275,7 +273,7 @@ class Sizing:
 
     @property
     def cache(self) -> int:
-        return (self.blocks + RESERVED_PAGES) * self.block
+        return (self.blocks + NUM_RESERVED_PAGES) * self.block
 
     @property
     def cache_upper(self) -> int:
@@ -394,7 +392,7 @@ def report(sizing: Sizing) -> str:
         f"{sizing.state_groups} state blocks = {sizing.blocks_per_sequence} blocks = {_mib(sizing.per_sequence)}",
         f"  blocks                      = {sizing.blocks} ({blocks}) -> {sizing.sequences} full-length sequences;"
         f" {s.max_num_seqs} need num-gpu-blocks-override {sizing.blocks_for_max_num_seqs}",
-        f"  cache per core              = ({sizing.blocks} + {RESERVED_PAGES} reserved pages) x {_mib(sizing.block)}"
+        f"  cache per core              = ({sizing.blocks} + {NUM_RESERVED_PAGES} reserved pages) x {_mib(sizing.block)}"
         f" = {_gib(sizing.cache)} (one pool shared by the groups)",
         f"  cache per core, upper bound = {sizing.num_groups} groups x {_gib(sizing.cache)}"
         f" = {_gib(sizing.cache_upper)} (every layer its own tensor)",
