@@ -199,8 +199,7 @@ def op_cases(device, backend: str) -> dict:
     def compare(what, actual, expected, dtype):
         expected = expected.double()
         err = (actual.detach().cpu().double() - expected).abs().max().item()
-        peak = expected.abs().max().item()
-        return what, err, (1e-4 * peak + 1e-6 if dtype == torch.float32 else 2e-2 * peak)
+        return what, err, reference.tolerance(dtype, expected)
 
     def unchanged(what, actual, expected):
         err = (actual.detach().cpu().double() - expected.double()).abs().max().item()
