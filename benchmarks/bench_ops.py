@@ -38,6 +38,7 @@ import torch
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
+from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
 
 try:
     from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
@@ -114,7 +115,7 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=Tru
             query=q[None], key=k[None], value=v[None], g=g[None], beta=beta[None].bfloat16(),
             initial_state=torch.zeros(1, num_v_heads, DIM, DIM), output_final_state=True, cu_seqlens=cu,
             head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32),
-            eps=1e-6)[0][0]
+            eps=L2NORM_EPS)[0][0]
     return _row(race(runs, budget_s, max_rounds=10))
 
 

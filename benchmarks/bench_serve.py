@@ -80,11 +80,9 @@ CHECKPOINT = "qwen3-next-real"
 def build_checkpoint(out_dir):
     """The tiny-model builder's ``qwen3-next-real``: published Qwen3-Next / Qwen3.5-35B-A3B
     per-layer dims, 4 layers, 8 experts (all routed), full vocabulary, random bf16 weights."""
-    import importlib.util
+    sys.path.insert(0, str(REPO / "configs"))
+    import build_tiny_models as builder
 
-    spec = importlib.util.spec_from_file_location("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
     return builder.build(CHECKPOINT, out_dir)
 
 

@@ -16,9 +16,9 @@ source token on the partition axis, destination token on the free axis (see mask
 import torch
 
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, LEVEL_MASK, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
+from .reference.norms import L2NORM_EPS
 
 NEUMANN_CHUNK = 64
-L2NORM_EPS = 1e-6
 
 
 def _l2_normalised(x):

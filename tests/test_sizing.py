@@ -7,17 +7,18 @@
 """
 
 import dataclasses
-import importlib.util
 import json
 import math
 import pathlib
 
+import build_tiny_models as builder
 import pytest
 import torch
 import yaml
 from safetensors import safe_open
 
 from vllm_gdn_neuron import plugin, sizing
+from vllm_gdn_neuron.layers import dims as model_dims
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -26,16 +27,8 @@ GIB = 1024**3
 MIB = 1024**2
 
 
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    builder = _load_builder()
     out = tmp_path_factory.mktemp("tiny-models")
     return {name: builder.build(name, out) for name in builder.MODELS}
 
@@ -73,7 +66,7 @@ def _meta_parameter_count(class_name: str, overrides: dict) -> int:
 @pytest.mark.parametrize("name", sorted(sizing.PUBLISHED))
 def test_real_weights_equal_transformers_parameter_count(name):
     class_name, overrides, _ = sizing.PUBLISHED[name]
-    counted = sizing.count_weights(sizing.published_dims(name)).total
+    counted = model_dims.count_weights(sizing.published_dims(name)).total
     assert counted == _meta_parameter_count(class_name, overrides)
 
 
@@ -93,8 +86,8 @@ def test_weights_of_small_configs_equal_transformers_parameter_count(class_name,
     import transformers
 
     overrides = dict(_SMALL, **extra, attention_bias=attention_bias)
-    dims = sizing.ModelDims.from_hf(getattr(transformers, class_name)(**overrides), "small", "test")
-    assert sizing.count_weights(dims).total == _meta_parameter_count(class_name, overrides)
+    dims = model_dims.ModelDims.from_hf(getattr(transformers, class_name)(**overrides), "small", "test")
+    assert model_dims.count_weights(dims).total == _meta_parameter_count(class_name, overrides)
 
 
 # HBM used per core after loading weights, measured on trn2.3xlarge (TP 4, bf16, LNC=2):
@@ -134,11 +127,10 @@ def test_state_pages_match_the_layer_cache_shapes(name, tp):
 
 @pytest.mark.parametrize("name", sorted(sizing.PUBLISHED))
 def test_page_geometry_equals_the_neuron_shells(name):
-    """The shell's own page arithmetic (neuron/cache.py, neuron/contract.py), written apart from this one."""
+    """The shell's own page layout (neuron/cache.py): sizing's state page and KV bytes per token agree with it."""
     import transformers
 
     from vllm_gdn_neuron.neuron.cache import GDNPageLayout, attention_bytes_per_token, hybrid_block_size
-    from vllm_gdn_neuron.neuron.contract import NUM_RESERVED_PAGES
 
     class_name, overrides, _ = sizing.PUBLISHED[name]
     config = getattr(transformers, class_name)(**overrides)
@@ -148,7 +140,6 @@ def test_page_geometry_equals_the_neuron_shells(name):
     assert result.state_page == layout.state_bytes
     assert result.kv_per_token == token_bytes
     assert result.attention_block_size == hybrid_block_size(token_bytes, layout.state_bytes, 32)
-    assert sizing.RESERVED_PAGES == NUM_RESERVED_PAGES
 
 
 def test_35b_a3b_page_geometry_is_the_measured_one():

@@ -19,7 +19,7 @@ import pathlib
 import types
 
 from vllm_gdn_neuron.plugin import ARCHITECTURES
-from vllm_gdn_neuron.sizing import ModelDims, config_layer_types, count_weights
+from vllm_gdn_neuron.layers.dims import ModelDims, check_layer_types, config_layer_types, count_weights
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The recurrent state is float32 in vLLM's CPU cache (its CPU platform forces it).
@@ -109,9 +109,7 @@ def check_servable(checkpoint: Checkpoint, quantization_config: dict | None) -> 
                      quantization=quantization)
     if checkpoint.dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}; got {checkpoint.dtype!r}")
-    for index, kind in enumerate(config_layer_types(checkpoint.text)):
-        if kind not in ("linear_attention", "full_attention"):
-            raise ValueError(f"layer_types[{index}] must be 'linear_attention' or 'full_attention'; got {kind!r}")
+    check_layer_types(checkpoint.text)
 
 
 def _read_config(config_path: pathlib.Path, model: str) -> dict:
@@ -170,7 +168,7 @@ def _first_line(error: Exception) -> str:
 
 def parameter_count(text) -> int:
     """Parameters of the text model (embeddings, lm_head unless tied, every layer, final norm):
-    ``sizing.count_weights`` of its dimensions.
+    ``layers.dims.count_weights`` of its dimensions.
 
     Multi-token-prediction (``mtp.*``) and vision-tower tensors are not counted: the
     served model does not load them.

@@ -42,6 +42,10 @@ import pathlib
 import sys
 from dataclasses import dataclass, replace
 
+from vllm_gdn_neuron.layers.dims import ModelDims, count_weights
+from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, hybrid_block_size
+from vllm_gdn_neuron.neuron.contract import NUM_RESERVED_PAGES
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -93,92 +97,6 @@ PUBLISHED = {
         "16 Q / 2 KV heads, GatedDeltaNet 16 QK / 32 V heads)",
     ),
 }
-
-
-def config_layer_types(text) -> tuple[str, ...]:
-    """Each layer's kind: the config's ``layer_types``, else every ``full_attention_interval``-th
-    layer full attention (Qwen3_5TextConfig builds ``layer_types`` itself; older Qwen3-Next
-    configs may not)."""
-    if getattr(text, "layer_types", None):
-        return tuple(text.layer_types)
-    interval = text.full_attention_interval
-    return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                 for i in range(text.num_hidden_layers))
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """The dimensions of a Qwen3.5 / Qwen3.5-MoE / Qwen3-Next text decoder that size its memory."""
-
-    name: str
-    source: str
-    vocab_size: int
-    hidden_size: int
-    layer_types: tuple[str, ...]
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    linear_num_key_heads: int
-    linear_num_value_heads: int
-    linear_key_head_dim: int
-    linear_value_head_dim: int
-    linear_conv_kernel_dim: int
-    tie_word_embeddings: bool
-    intermediate_size: int = 0
-    num_experts: int = 0
-    moe_intermediate_size: int = 0
-    shared_expert_intermediate_size: int = 0
-    decoder_sparse_step: int = 1
-    mlp_only_layers: tuple[int, ...] = ()
-    attention_bias: bool = False
-
-    @classmethod
-    def from_hf(cls, config, name: str, source: str) -> "ModelDims":
-        """From a transformers config (a ``text_config`` is used when the config has one)."""
-        text = getattr(config, "text_config", None) or config
-        return cls(
-            name=name,
-            source=source,
-            vocab_size=text.vocab_size,
-            hidden_size=text.hidden_size,
-            layer_types=config_layer_types(text),
-            num_attention_heads=text.num_attention_heads,
-            num_key_value_heads=text.num_key_value_heads,
-            head_dim=text.head_dim,
-            linear_num_key_heads=text.linear_num_key_heads,
-            linear_num_value_heads=text.linear_num_value_heads,
-            linear_key_head_dim=text.linear_key_head_dim,
-            linear_value_head_dim=text.linear_value_head_dim,
-            linear_conv_kernel_dim=text.linear_conv_kernel_dim,
-            tie_word_embeddings=bool(getattr(text, "tie_word_embeddings", False)),
-            intermediate_size=getattr(text, "intermediate_size", 0) or 0,
-            num_experts=getattr(text, "num_experts", 0) or 0,
-            moe_intermediate_size=getattr(text, "moe_intermediate_size", 0) or 0,
-            shared_expert_intermediate_size=getattr(text, "shared_expert_intermediate_size", 0) or 0,
-            decoder_sparse_step=getattr(text, "decoder_sparse_step", 1) or 1,
-            mlp_only_layers=tuple(getattr(text, "mlp_only_layers", ()) or ()),
-            attention_bias=bool(getattr(text, "attention_bias", False)),
-        )
-
-    @property
-    def num_gdn_layers(self) -> int:
-        return self.layer_types.count("linear_attention")
-
-    @property
-    def num_attention_layers(self) -> int:
-        return self.layer_types.count("full_attention")
-
-    @property
-    def conv_channels(self) -> int:
-        """Channels of the depthwise conv: q, k and v concatenated."""
-        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
-
-    def is_moe_layer(self, index: int) -> bool:
-        return (
-            self.num_experts > 0
-            and index not in self.mlp_only_layers
-            and (index + 1) % self.decoder_sparse_step == 0
-        )
 
 
 def published_dims(name: str) -> ModelDims:
@@ -269,62 +187,11 @@ def _check_heads(dims: ModelDims, tp: int) -> None:
         )
 
 
-@dataclass(frozen=True)
-class WeightCount:
-    """Parameter counts: ``split`` are divided by the TP size, ``replicated`` are not."""
-
-    split: int
-    replicated: int
-    kv_projections: int  # k_proj + v_proj: split by heads, replicated past one head per core
-
-    @property
-    def total(self) -> int:
-        return self.split + self.replicated + self.kv_projections
-
-    def per_core(self, dims: ModelDims, tp: int) -> float:
-        kv_heads_per_core = max(1, dims.num_key_value_heads // tp)
-        return self.split / tp + self.replicated + self.kv_projections * kv_heads_per_core / dims.num_key_value_heads
-
-
-def count_weights(dims: ModelDims) -> WeightCount:
-    """Parameters of the text decoder, layer by layer, as the Hugging Face checkpoint holds them."""
-    h, d = dims.hidden_size, dims.head_dim
-    split = dims.vocab_size * h * (1 if dims.tie_word_embeddings else 2)
-    replicated = h  # the final norm
-    kv = 0
-    hk, hv = dims.linear_num_key_heads, dims.linear_num_value_heads
-    value_width = hv * dims.linear_value_head_dim
-    for index, kind in enumerate(dims.layer_types):
-        replicated += 2 * h  # input and post-attention norms
-        if kind == "linear_attention":
-            # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, dt_bias, A_log, out_proj
-            split += h * dims.conv_channels + h * value_width + 2 * h * hv
-            split += dims.conv_channels * dims.linear_conv_kernel_dim + 2 * hv + value_width * h
-            replicated += dims.linear_value_head_dim  # the gated norm's weight
-        else:
-            # q_proj (query and output gate), o_proj; q_norm, k_norm; k_proj, v_proj; with
-            # attention_bias, biases on all four (o_proj's added after the reduction: replicated)
-            bias = 1 if dims.attention_bias else 0
-            split += (h + bias) * dims.num_attention_heads * d * 2 + dims.num_attention_heads * d * h
-            replicated += 2 * d + bias * h
-            kv += 2 * (h + bias) * dims.num_key_value_heads * d
-        if dims.is_moe_layer(index):
-            split += dims.num_experts * 3 * h * dims.moe_intermediate_size
-            split += 3 * h * dims.shared_expert_intermediate_size
-            replicated += dims.num_experts * h + h  # router, shared-expert gate (there even at size 0)
-        else:
-            split += 3 * h * dims.intermediate_size
-    return WeightCount(split=split, replicated=replicated, kv_projections=kv)
-
-
-# The Neuron shell's GDN page holds both states in float32 (one dtype per page-major view).
-STATE_BYTES = 4
+# The Neuron shell's GDN page holds both states in one dtype (float32) per page-major view.
+STATE_BYTES = STATE_DTYPE.itemsize
 # Token alignment of an attention block: vllm-neuron's Qwen3.5 example measured 35B-A3B's
 # page geometry as "block_size 32 -> 544", i.e. 32-token steps (the attention kernel's).
 ATTENTION_BLOCK_ALIGNMENT = 32
-# Pages every bound view holds past the pool's blocks: the Neuron shell's zero page (padding
-# rows read it) and sink (padding rows write it).
-RESERVED_PAGES = 2
 
 
 @dataclass(frozen=True)
@@ -349,8 +216,7 @@ class Sizing:
         """Tokens per attention block: the aligned size whose KV page holds a state page."""
         if not self.dims.num_gdn_layers:
             return self.serving.max_model_len
-        step = ATTENTION_BLOCK_ALIGNMENT * self.kv_per_token
-        return ATTENTION_BLOCK_ALIGNMENT * math.ceil(self.state_page / step)
+        return hybrid_block_size(self.kv_per_token, self.state_page, ATTENTION_BLOCK_ALIGNMENT)
 
     @property
     def page(self) -> int:
@@ -407,7 +273,7 @@ class Sizing:
 
     @property
     def cache(self) -> int:
-        return (self.blocks + RESERVED_PAGES) * self.block
+        return (self.blocks + NUM_RESERVED_PAGES) * self.block
 
     @property
     def cache_upper(self) -> int:
@@ -563,7 +429,7 @@ def report(sizing: Sizing) -> str:
         f"{sizing.state_groups} state blocks = {sizing.blocks_per_sequence} blocks = {_mib(sizing.per_sequence)}",
         f"  blocks                      = {sizing.blocks} ({blocks}) -> {sizing.sequences} full-length sequences;"
         f" {s.max_num_seqs} need num-gpu-blocks-override {sizing.blocks_for_max_num_seqs}",
-        f"  cache per core              = ({sizing.blocks} + {RESERVED_PAGES} reserved pages) x {_mib(sizing.block)}"
+        f"  cache per core              = ({sizing.blocks} + {NUM_RESERVED_PAGES} reserved pages) x {_mib(sizing.block)}"
         f" = {_gib(sizing.cache)} (one pool shared by the groups)",
         f"  cache per core, upper bound = {sizing.num_groups} groups x {_gib(sizing.cache)}"
         f" = {_gib(sizing.cache_upper)} (every layer its own tensor)",

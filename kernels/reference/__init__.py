@@ -16,12 +16,14 @@ API:
     causal_conv1d_step(x, weight, state, activation="silu") -> (y [..., C], new_state [..., C, K])
     qwen35_gating(a, b, A_log, dt_bias) -> (g [T, Hv], beta [T, Hv])
     l2norm(x, eps=1e-6) -> x * rsqrt(sum(x^2) + eps) over the last axis
+    tolerance(dtype, reference) -> the largest max abs error the tests accept against a reference
 """
 
 from .conv1d import causal_conv1d, causal_conv1d_step
 from .gating import qwen35_gating
 from .gdn import gdn2_recurrence, gdn_recurrence
 from .norms import L2NORM_EPS, l2norm
+from .tolerance import tolerance
 
 __all__ = [
     "L2NORM_EPS",
@@ -31,4 +33,5 @@ __all__ = [
     "gdn_recurrence",
     "l2norm",
     "qwen35_gating",
+    "tolerance",
 ]

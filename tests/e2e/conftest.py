@@ -1,23 +1,13 @@
 """Fixtures of the end-to-end tests: the tiny and real-dims checkpoints; the engines are in ``engines.py``."""
 
-import importlib.util
 import pathlib
 
+import build_tiny_models as builder
 import pytest
 
-from engines import ENGINE_DEFAULTS, engine, greedy_in_subprocess  # noqa: F401 (the tests import them from here)
+from engines import ENGINE_DEFAULTS, engine, greedy_in_subprocess, greedy_logprobs_in_subprocess  # noqa: F401 (the tests import them from here)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = _load_builder()
 
 
 @pytest.fixture(scope="session")

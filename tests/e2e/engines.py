@@ -5,11 +5,11 @@ the functions it runs by module name, and the whole suite has more than one
 ``conftest`` module.
 """
 
-import concurrent.futures
 import contextlib
 import gc
-import multiprocessing
 import os
+
+from oracle import in_subprocess
 
 # In-process engine (no engine-core subprocess): starts in seconds, and this process
 # sees the engine's errors directly.
@@ -44,13 +44,22 @@ def engine(model_dir: str, **kwargs):
         cleanup_dist_env_and_memory()
 
 
-def _greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int, engine_kwargs: dict) -> list[list[int]]:
+def _greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int, engine_kwargs: dict,
+            logprobs: int | None = None):
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, logprobs=logprobs)
     with engine(model_dir, **engine_kwargs) as llm:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
+        outs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    if logprobs is None:
+        return [list(o.token_ids) for o in outs]
+    return [(list(o.token_ids), _top(o.logprobs, logprobs)) for o in outs]
+
+
+def _top(steps, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The ``k`` best-ranked tokens of each step and their logprobs, from vLLM's per-step dicts."""
+    best = [sorted(step.items(), key=lambda item: item[1].rank)[:k] for step in steps]
+    return [[token for token, _ in step] for step in best], [[lp.logprob for _, lp in step] for step in best]
 
 
 def greedy_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int, **engine_kwargs):
@@ -59,6 +68,11 @@ def greedy_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_token
     For multi-GB checkpoints: the process's memory goes back to the system when it
     exits, which an in-process engine's does not reliably do.
     """
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_greedy, model_dir, prompts, max_new_tokens, engine_kwargs).result()
+    return in_subprocess(_greedy, model_dir, prompts, max_new_tokens, engine_kwargs)
+
+
+def greedy_logprobs_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int, logprobs: int,
+                                  **engine_kwargs):
+    """:func:`greedy_in_subprocess` with vLLM's logprobs of each step's ``logprobs`` best tokens:
+    per prompt ``(ids, tokens [steps][k], logprobs [steps][k])``."""
+    return [(ids, *top) for ids, top in in_subprocess(_greedy, model_dir, prompts, max_new_tokens, engine_kwargs, logprobs)]

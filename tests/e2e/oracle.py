@@ -6,24 +6,38 @@ are a near-tie (within ``BF16_TIE_ULPS`` bf16 units in the last place of the top
 logit): there two correct bf16 implementations may round to different tokens, and
 the continuations then differ. Any other difference fails.
 
-bf16 with fp32 logits along transformers' path (``hf_greedy_with_fp32_in_subprocess``, for
+bf16 with fp32 logits along transformers' path (``hf_bf16_oracle_in_subprocess``, for
 the real-dimension checkpoints): a step also counts as a tie when transformers' fp32 logits
 separate the two tokens by no more than transformers' own bf16 logits stray from its fp32
 ones at that step (the largest difference over the vocabulary). Through 2048-wide hidden
 states and a 248,320-row head that error outgrows any fixed number of ulps; which correct
 bf16 evaluation order wins such a step is machine-dependent (oneDNN's AMX and AVX-512 BF16
 kernels accumulate differently).
+
+bf16 logprob error ratio (``assert_logprob_error_ratio``, for the real-dimension
+checkpoints, whatever backend serves them): transformers' fp32 model, teacher-forced along
+vLLM's own greedy ids, scores vLLM's top logprobs at every generated step; so does
+transformers' bf16 model along the same ids. Per prompt, an error is the mean absolute
+difference from fp32 over those steps and tokens. The median of vLLM's errors over the
+prompts must be at most ``MAX_BF16_ERROR_RATIO`` (1.5) times the median of transformers'
+own bf16 errors: a backend may round differently from transformers, but not by more than
+bf16 itself does. Unlike the greedy rule it does not end at the first near-tie, and it
+holds the logprobs of every step, not only their arg max.
 """
 
 import concurrent.futures
 import functools
+import gc
 import math
 import multiprocessing
+import statistics
 
 import torch
 
 # Largest logit gap accepted as a bf16 rounding tie, in bf16 ulps of the top logit.
 BF16_TIE_ULPS = 4
+# Largest ratio of vLLM's bf16 logprob error to transformers' own (medians over prompts).
+MAX_BF16_ERROR_RATIO = 1.5
 
 
 def bf16_ulp(x: float) -> float:
@@ -33,10 +47,7 @@ def bf16_ulp(x: float) -> float:
 
 @functools.lru_cache(maxsize=8)
 def hf_model(model_dir: str, dtype: torch.dtype):
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    return model.eval()
+    return _load(model_dir, dtype)
 
 
 def hf_greedy(model_dir: str, dtype: torch.dtype, prompt_ids: list[int], max_new_tokens: int):
@@ -64,40 +75,63 @@ def _generate(model, prompt_ids: list[int], max_new_tokens: int):
     return ids, logits
 
 
-def _greedy_many(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max_new_tokens: int):
+def _load(model_dir: str, dtype: torch.dtype):
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+
+
+def _greedy_many(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max_new_tokens: int):
+    model = _load(model_dir, dtype)
     return [_generate(model, prompt, max_new_tokens) for prompt in prompts]
 
 
-def _greedy_with_fp32_many(model_dir: str, prompts: list[list[int]], max_new_tokens: int):
-    import transformers
-
-    runs = _greedy_many(model_dir, torch.bfloat16, prompts, max_new_tokens)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out = []
-    for prompt, (ids, logits) in zip(prompts, runs):
-        with torch.no_grad():  # teacher-forced on the bf16 path: step s sees prompt + ids[:s]
-            fp32 = model(torch.tensor([prompt + ids[:-1]])).logits[0, len(prompt) - 1:].float()
-        out.append((ids, logits, fp32))
-    return out
+def _forced_logits(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    """float32 logits ``[len(ids), vocab]`` teacher-forced along ``ids``: row s sees prompt + ids[:s]."""
+    with torch.no_grad():
+        return model(torch.tensor([prompt + ids[:-1]])).logits[0, len(prompt) - 1:].float()
 
 
-def _in_subprocess(function, *args):
+def _forced_logprobs(model, prompt: list[int], ids: list[int], tokens: list[list[int]]) -> torch.Tensor:
+    """Teacher-forced log-probabilities ``[len(ids), k]`` of ``tokens[s]`` (k ids) at each step s."""
+    logprobs = torch.log_softmax(_forced_logits(model, prompt, ids), dim=-1)
+    return torch.gather(logprobs, 1, torch.tensor(tokens))
+
+
+def in_subprocess(function, *args):
+    """``function(*args)`` in a fresh ``spawn`` process (its memory goes back to the system on exit)."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         return pool.submit(function, *args).result()
 
 
-def hf_greedy_with_fp32_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int):
-    """bf16 ``hf_greedy`` of each prompt plus transformers' fp32 logits at the same steps, in a
-    fresh process: ``[(ids, bf16 logits [n, vocab], fp32 logits [n, vocab])]``.
+def _bf16_oracle(model_dir: str, prompts: list[list[int]], max_new_tokens: int, scored):
+    """The bf16 model, then the fp32 model (never both loaded): greedy runs of ``prompts`` with
+    fp32 logits along them, and bf16 / fp32 logprobs along each ``(prompt, ids, tokens)`` of ``scored``."""
+    model = _load(model_dir, torch.bfloat16)
+    runs = [_generate(model, prompt, max_new_tokens) for prompt in prompts] if max_new_tokens else []
+    forced_bf16 = [_forced_logprobs(model, *path) for path in scored]
+    del model
+    gc.collect()
+    model = _load(model_dir, torch.float32)
+    greedy = [(ids, logits, _forced_logits(model, prompt, ids)) for prompt, (ids, logits) in zip(prompts, runs)]
+    forced_fp32 = [_forced_logprobs(model, *path) for path in scored]
+    return greedy, list(zip(forced_bf16, forced_fp32))
 
-    The fp32 model is teacher-forced along the bf16 ids, so row s of both logits follows the
-    same prefix. The two models are loaded one after the other, not side by side.
+
+def hf_bf16_oracle_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int = 0,
+                                 scored: list[tuple[list[int], list[int], list[list[int]]]] = ()):
+    """Transformers' bf16 oracle with its fp32 reference, in a fresh process: ``(greedy, forced)``.
+
+    ``greedy`` (when ``max_new_tokens`` > 0): per prompt, the bf16 ``hf_greedy`` run plus the
+    fp32 logits at the same steps, ``(ids, bf16 logits [n, vocab], fp32 logits [n, vocab])``;
+    the fp32 model is teacher-forced along the bf16 ids, so row s of both follows the same
+    prefix. ``forced``: per ``(prompt, ids of n steps, k token ids to score at each step)``
+    of ``scored``, ``(bf16 logprobs [n, k], fp32 logprobs [n, k])`` of those tokens, both
+    models teacher-forced along the given ids. The two models are loaded one after the
+    other, not side by side.
     """
-    return _in_subprocess(_greedy_with_fp32_many, model_dir, prompts, max_new_tokens)
+    return in_subprocess(_bf16_oracle, model_dir, prompts, max_new_tokens, list(scored))
 
 
 def hf_greedy_in_subprocess(model_dir: str, dtype: torch.dtype, prompts: list[list[int]], max_new_tokens: int):
@@ -106,7 +140,7 @@ def hf_greedy_in_subprocess(model_dir: str, dtype: torch.dtype, prompts: list[li
     For multi-GB checkpoints, where a second copy of the weights in this process (next
     to a vLLM engine) would not fit a shared machine.
     """
-    return _in_subprocess(_greedy_many, model_dir, dtype, prompts, max_new_tokens)
+    return in_subprocess(_greedy_many, model_dir, dtype, prompts, max_new_tokens)
 
 
 def _within_bf16_error(step: int, w: int, g: int, want_logits: torch.Tensor, fp32_logits: torch.Tensor):
@@ -135,3 +169,34 @@ def assert_greedy_matches(got: list[int], want: list[int], want_logits: torch.Te
             f"greedy ids differ at step {step}: vLLM {got}, transformers {want} "
             f"(transformers prefers {w} over {g} by {gap:.4f} logits{why})"
         )
+
+
+def logprob_error(logprobs: torch.Tensor, reference: torch.Tensor) -> float:
+    """Mean absolute difference of two ``[steps, k]`` logprob tables of the same tokens."""
+    return float((logprobs.double() - reference.double()).abs().mean())
+
+
+def assert_logprob_error_ratio(got: list[torch.Tensor], forced: list[tuple[torch.Tensor, torch.Tensor]],
+                               max_ratio: float = MAX_BF16_ERROR_RATIO) -> float:
+    """Check vLLM's bf16 logprobs against transformers fp32 under the error-ratio rule (module doc).
+
+    Args:
+        got: per prompt, vLLM's logprobs ``[steps, k]`` of the tokens it scored.
+        forced: per prompt, transformers' ``(bf16, fp32)`` logprobs of the same tokens along
+            vLLM's ids (``hf_bf16_oracle_in_subprocess``'s ``forced``).
+        max_ratio: the largest ratio of the medians accepted.
+
+    Returns:
+        The ratio: median over prompts of vLLM's error over the median of transformers' bf16 error.
+    """
+    if not got or len(got) != len(forced):
+        raise ValueError(f"got must have one table per prompt of forced ({len(forced)}); got {len(got)}")
+    ours = [logprob_error(lp, fp32) for lp, (_, fp32) in zip(got, forced)]
+    theirs = [logprob_error(bf16, fp32) for bf16, fp32 in forced]
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    assert ratio <= max_ratio, (
+        f"vLLM's bf16 logprob error against transformers fp32 is {ratio:.2f}x transformers' own bf16 error "
+        f"(medians over prompts: {statistics.median(ours):.4f} and {statistics.median(theirs):.4f}; per prompt "
+        f"vLLM {[round(e, 4) for e in ours]}, transformers {[round(e, 4) for e in theirs]}); at most {max_ratio}x allowed"
+    )
+    return ratio

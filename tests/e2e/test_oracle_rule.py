@@ -1,9 +1,10 @@
-"""The greedy comparison rule of ``oracle.assert_greedy_matches`` on hand-made logits."""
+"""The comparison rules of ``oracle`` on hand-made numbers: greedy ids (``assert_greedy_matches``)
+and the bf16 logprob error ratio (``assert_logprob_error_ratio``)."""
 
 import pytest
 import torch
 
-from oracle import assert_greedy_matches, bf16_ulp
+from oracle import assert_greedy_matches, assert_logprob_error_ratio, bf16_ulp, logprob_error
 
 
 def _logits(top: float, runner_up: float, vocab: int = 6) -> torch.Tensor:
@@ -37,3 +38,30 @@ def test_bf16_fp32_error_rule():
         assert_greedy_matches([1], [0], want, torch.bfloat16, tie_ulps=8, fp32_logits=far)
     with pytest.raises(AssertionError):
         assert_greedy_matches([1], [0], want, torch.float32, fp32_logits=close)
+
+
+def _forced(fp32_rows, error_rows):
+    """Per prompt: transformers' (bf16, fp32) logprob tables, bf16 = fp32 + the given errors."""
+    return [(torch.tensor(fp32) + torch.tensor(err), torch.tensor(fp32)) for fp32, err in zip(fp32_rows, error_rows)]
+
+
+def test_logprob_error_is_the_mean_absolute_difference():
+    assert logprob_error(torch.tensor([[-1.0, -2.0], [-3.0, -4.5]]), torch.tensor([[-1.5, -2.0], [-2.0, -4.0]])) == 0.5
+
+
+def test_error_ratio_rule_holds_medians_over_prompts_to_1_5x():
+    fp32 = [[[-10.0, -11.0]], [[-9.0, -12.0]], [[-10.5, -10.6]]]
+    forced = _forced(fp32, [[[0.1, -0.1]], [[0.2, 0.2]], [[-0.3, 0.3]]])  # transformers: 0.1, 0.2, 0.3 (median 0.2)
+    ours = [torch.tensor(f) + d for f, d in zip(fp32, (0.05, 0.29, 2.0))]  # vLLM: 0.05, 0.29, 2.0 (median 0.29)
+    assert assert_logprob_error_ratio(ours, forced) == pytest.approx(1.45, rel=1e-4)
+    worse = [torch.tensor(f) + d for f, d in zip(fp32, (0.05, 0.31, 2.0))]
+    with pytest.raises(AssertionError, match=r"1\.55x transformers' own bf16 error .*medians over prompts: 0\.3100 and "
+                                             r"0\.2000.*at most 1\.5x allowed"):
+        assert_logprob_error_ratio(worse, forced)
+    assert assert_logprob_error_ratio(worse, forced, max_ratio=1.6) == pytest.approx(1.55, rel=1e-4)
+
+
+def test_error_ratio_rule_needs_one_table_per_prompt():
+    forced = _forced([[[-1.0]]], [[[0.1]]])
+    with pytest.raises(ValueError, match=r"one table per prompt of forced \(1\); got 2"):
+        assert_logprob_error_ratio([torch.tensor([[-1.0]])] * 2, forced)

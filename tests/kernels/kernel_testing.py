@@ -3,7 +3,7 @@
 
 import torch
 
-from vllm_gdn_neuron.kernels.reference import gdn_recurrence, l2norm
+from vllm_gdn_neuron.kernels.reference import gdn_recurrence, l2norm, tolerance
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -47,6 +47,5 @@ def assert_close(actual, expected, dtype, what):
     """The project tolerance: fp32 ``1e-4 max|ref| + 1e-6``, bf16 ``2e-2 max|ref|`` (max abs error)."""
     expected = expected.double()
     error = (actual.double() - expected).abs().max().item()
-    peak = expected.abs().max().item()
-    bound = 1e-4 * peak + 1e-6 if dtype == torch.float32 else 2e-2 * peak
-    assert error <= bound, f"{what}: max abs error {error:.3g} > {bound:.3g} (max |ref| {peak:.3g})"
+    bound = tolerance(dtype, expected)
+    assert error <= bound, f"{what}: max abs error {error:.3g} > {bound:.3g} (max |ref| {expected.abs().max().item():.3g})"

@@ -4,21 +4,16 @@ import pytest
 import torch
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence
+from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence, tolerance
 from vllm_gdn_neuron.ops import paged_nki
 
 PAGES, C, K = 7, 48, 4
 PAD = 6
 
 
-def _bound(expected, dtype):
-    peak = expected.abs().max().item()
-    return 1e-4 * peak + 1e-6 if dtype == torch.float32 else 2e-2 * peak
-
-
 def _assert_close(actual, expected, dtype, what):
     error = (actual.double() - expected.double()).abs().max().item()
-    assert error <= _bound(expected, dtype), f"{what}: {error:.3g} > {_bound(expected, dtype):.3g}"
+    assert error <= tolerance(dtype, expected), f"{what}: {error:.3g} > {tolerance(dtype, expected):.3g}"
 
 
 def _qkvgb(rows, hk, hv, dk, dv, dtype, seed):

@@ -28,28 +28,6 @@ def text_tensor_name(name: str) -> str | None:
     return name
 
 
-def is_sparse_layer(config, layer_idx: int) -> bool:
-    """Whether layer ``layer_idx`` uses the MoE block (Qwen3-Next / Qwen3.5-MoE rule)."""
-    return (
-        getattr(config, "num_experts", 0) > 0
-        and layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
-        and (layer_idx + 1) % getattr(config, "decoder_sparse_step", 1) == 0
-    )
-
-
-def check_layer_types(config) -> None:
-    """Refuse a stack with a layer type neither shell implements.
-
-    Raises:
-        ValueError: naming ``layer_types[i]`` and the value given.
-    """
-    for idx, layer_type in enumerate(config.layer_types):
-        if layer_type not in ("linear_attention", "full_attention"):
-            raise ValueError(
-                f"layer_types[{idx}] must be 'linear_attention' or 'full_attention'; got {layer_type!r}"
-            )
-
-
 def split_flat_qkv(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Qwen3.5 ``in_proj_qkv`` [2*Hk*Dk + Hv*Dv, H] -> q, k [Hk*Dk, H], v [Hv*Dv, H]."""
     key_dim = text_config.linear_num_key_heads * text_config.linear_key_head_dim

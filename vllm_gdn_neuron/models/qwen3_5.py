@@ -29,7 +29,8 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.sequence import IntermediateTensors
 
-from vllm_gdn_neuron.layers.checkpoint import MTP_PREFIX, is_sparse_layer, text_tensor_name
+from vllm_gdn_neuron.layers.checkpoint import MTP_PREFIX, text_tensor_name
+from vllm_gdn_neuron.layers.dims import is_sparse_layer
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.models.attention import GatedAttention

@@ -13,7 +13,7 @@ import logging
 
 from vllm_gdn_neuron.kernels.gdn_cte import MAX_HEAD_DIM
 from vllm_gdn_neuron.layers.attention import check_attention_heads
-from vllm_gdn_neuron.layers.checkpoint import check_layer_types
+from vllm_gdn_neuron.layers.dims import check_layer_types
 from vllm_gdn_neuron.layers.rotary import check_rope_parameters
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")

@@ -54,4 +54,4 @@ def reserved_pages(num_pages: int) -> tuple[int, int]:
 
     Padding rows read the zero page (nothing writes it) and write the sink.
     """
-    return num_pages - 2, num_pages - 1
+    return num_pages - NUM_RESERVED_PAGES, num_pages - NUM_RESERVED_PAGES + 1

@@ -25,7 +25,7 @@ and ``ops.paged_gdn_*`` on the gathered state rows.
 import torch
 from torch import nn
 
-from vllm_gdn_neuron.layers.checkpoint import is_sparse_layer
+from vllm_gdn_neuron.layers.dims import is_sparse_layer
 from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes

@@ -199,8 +199,7 @@ def op_cases(device, backend: str) -> dict:
     def compare(what, actual, expected, dtype):
         expected = expected.double()
         err = (actual.detach().cpu().double() - expected).abs().max().item()
-        peak = expected.abs().max().item()
-        return what, err, (1e-4 * peak + 1e-6 if dtype == torch.float32 else 2e-2 * peak)
+        return what, err, reference.tolerance(dtype, expected)
 
     def unchanged(what, actual, expected):
         err = (actual.detach().cpu().double() - expected.double()).abs().max().item()
@@ -352,19 +351,18 @@ def _load_module(name: str, path: pathlib.Path):
     return module
 
 
-def _builder():
-    return _load_module("build_tiny_models", REPO / "configs" / "build_tiny_models.py")
-
-
 def builder_models() -> tuple[str, ...]:
     """The checkpoints ``configs/build_tiny_models.py`` builds (tiny, and real-dims where it has them)."""
-    builder = _builder()
+    import build_tiny_models as builder
+
     return tuple(builder.MODELS) + tuple(getattr(builder, "REAL_MODELS", ()))
 
 
 def build_model(name: str, out_dir: pathlib.Path) -> pathlib.Path:
     """A checkpoint of ``configs/build_tiny_models.py`` (a tiny or a real-dims one)."""
-    return _builder().build(name, out_dir)
+    import build_tiny_models as builder
+
+    return builder.build(name, out_dir)
 
 
 def _free_port() -> int:

@@ -20,6 +20,8 @@ dimension only), so q / k / v views of the layer's packed conv output go in with
 
 import torch
 
+from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
+
 HEAD_DIMS = (64, 128)
 
 
@@ -105,7 +107,7 @@ def _run(q, k, v, g, beta, cu_seqlens, states, rows, use_qk_l2norm):
         g=_unit_last_stride(g)[None], beta=beta.to(torch.bfloat16)[None], initial_state=states,
         output_final_state=True, cu_seqlens=cu_seqlens.to(device=q.device, dtype=torch.int32), head_first=False,
         use_qk_l2norm_in_kernel=use_qk_l2norm, initial_state_indices=rows.to(device=q.device, dtype=torch.int32),
-        eps=1e-6)
+        eps=L2NORM_EPS)
     return o[0]
 
 
