@@ -93,14 +93,8 @@ def gathered_expert_mixture(
     return out
 
 
-def grouped_expert_mixture(
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    experts: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-) -> torch.Tensor:
+def grouped_expert_mixture(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor,
+                           down: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
     """Tokens grouped by expert into ``block_size``-row blocks, a block-sparse batched matmul.
 
     Args:
@@ -150,14 +144,8 @@ def grouped_expert_mixture(
     return out[:num_tokens]
 
 
-def routed_expert_mixture(
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    experts: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-) -> torch.Tensor:
+def routed_expert_mixture(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor,
+                          down: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
     """The routed experts of one step: gathered when ``T * k <= E``, grouped otherwise.
 
     The choice reads only static sizes (the bucket's T, the config's k and E), so a
