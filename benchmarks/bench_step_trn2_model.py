@@ -24,6 +24,7 @@ the core's HBM bandwidth.
 
     python benchmarks/bench_step_trn2_model.py           # all shipped configs, ~10-20 minutes on 2 cores
     python benchmarks/bench_step_trn2_model.py --configs configs/trn2/qwen3_5-2b.yaml
+    python benchmarks/bench_step_trn2_model.py --published-tp --top 12   # + the 2B at TP = 4, the costliest nodes
 
 Writes benchmarks/results/bench_step_trn2_model.png.
 """
@@ -33,6 +34,7 @@ import contextlib
 import functools
 import os
 import pathlib
+import pickle
 import sys
 import time
 
@@ -397,14 +399,19 @@ def main():
     parser.add_argument("--published-tp", action="store_true",
                         help="also model each config whose TP differs from the published figures' TP = 4 at TP = 4")
     parser.add_argument("--top", type=int, default=0, help="print the N costliest nodes of every step")
+    parser.add_argument("--save", type=pathlib.Path, help="also write the results (pickle) here")
+    parser.add_argument("--load", nargs="*", type=pathlib.Path, default=[],
+                        help="report saved results instead of tracing (runs of configs in parallel processes)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    results = []
-    for path in args.configs:
+    results = [r for path in args.load for r in pickle.loads(path.read_bytes())]
+    for path in [] if args.load else args.configs:
         for tp in [None] + ([4] if args.published_tp and load_config(path)["tp"] != 4 else []):
             result = model_config(path, tp)
             print(f"[traced {path.name} at TP={result['config']['tp']} in {result['trace_s']:.0f} s]", flush=True)
             results.append(result)
+    if args.save:
+        args.save.write_bytes(pickle.dumps(results))
     report(results)
     if args.top:
         heaviest(results, args.top)

@@ -17,8 +17,8 @@ Per ATen node of the graph the harness compiles (shapes from the nodes' fake val
 - Everything else runs on VectorE (ScalarE for transcendental functions) at its elements
   per cycle, at least ``MIN_II`` cycles per node.
 - HBM: a graph input (weights, cache pages, step inputs) is read where a node consumes it:
-  the rows a gather (``index_select``, ``embedding``, ``gather``, ``index``) takes, else
-  the whole tensor; a scatter into a graph input (``index_copy``, ``index_put``,
+  the rows a gather (``index_select``, ``embedding``, ``gather``, ``index``) takes (DMA: no
+  engine time), else the whole tensor; a scatter into a graph input (``index_copy``, ``index_put``,
   ``scatter``) writes the scattered rows. An intermediate stays on chip unless it exceeds
   :data:`SBUF_BYTES`, when it is written and read back once.
 - A node's time is the largest of its TensorE, vector engine and HBM times; the step is the
@@ -150,7 +150,10 @@ def collective_seconds(name: str, payload_bytes: int, world: int) -> float:
 
 
 def _moved_elements(name: str, node, out) -> int:
-    """Elements a non-matmul node processes: a scatter moves its source rows, others their largest operand."""
+    """Elements a non-matmul node processes: a gather its output, a scatter its source rows, others their
+    largest operand."""
+    if name in GATHER_OPS:
+        return numel(out)
     if name in SCATTER_OPS or name == "copy":
         source = node.args[1] if name in ("slice_scatter", "select_scatter", "copy") else node.args[-1]
         if isinstance(source, torch.fx.Node):
@@ -171,7 +174,7 @@ def price_node(node, category: str, inputs: frozenset) -> OpCost | None:
         return OpCost(name, "collectives", 0, 0, 0.0, 0.0, 0.0, collective_seconds(name, payload, world))
     hbm = 0
     if name in GATHER_OPS:
-        source = node.args[1] if name == "embedding" else node.args[0]
+        source = node.args[0]
         hbm += nbytes(out) if source in inputs else 0
         hbm += sum(nbytes(a.meta["val"]) for a in read_inputs if a is not source)
     elif name in SCATTER_OPS and node.args[0] in inputs:
@@ -189,7 +192,7 @@ def price_node(node, category: str, inputs: frozenset) -> OpCost | None:
     if name in MATMUL_OPS:
         batch, m, n, k = _matmul_dims(name, node)
         flops, tensor_s = matmul_cost(batch, m, n, k, out.dtype == torch.float32)
-    else:
+    elif not (name in GATHER_OPS and node.args[0] in inputs):  # a gather from HBM is DMA: its bytes price it
         elements = _moved_elements(name, node, out)
         narrow = isinstance(out, torch.Tensor) and out.element_size() <= 2
         engine_s = engine_seconds(name, elements, narrow) if elements else 0.0
