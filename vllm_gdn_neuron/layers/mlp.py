@@ -1,8 +1,9 @@
 """Feed-forward math of Qwen3.5: SwiGLU, softmax top-k routing, and the gated shared expert.
 
 The vLLM shell runs the routed experts through vLLM's fused MoE; the Neuron shell
-through :func:`dense_expert_mixture` (every expert over every token, weights zero
-where a token did not pick the expert: static shapes, no host reads).
+through :mod:`vllm_gdn_neuron.layers.routed_experts` (only the chosen experts, static
+shapes). :func:`dense_expert_mixture` (every expert over every token, weights zero where
+a token did not pick the expert) is the reference those are held to.
 """
 
 import torch

@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_gdn_neuron.layers.mlp import dense_expert_mixture, gated_shared_expert, softmax_top_k, swiglu
+from vllm_gdn_neuron.layers.mlp import gated_shared_expert, softmax_top_k, swiglu
+from vllm_gdn_neuron.layers.routed_experts import routed_expert_mixture
 
 
 class NeuronSwiGLU(nn.Module):
@@ -37,6 +38,10 @@ class NeuronExperts(nn.Module):
 class NeuronSparseMoE(nn.Module):
     """Top-k routed experts plus the sigmoid-gated shared expert (partial sums over ranks).
 
+    The routed experts read and compute only the chosen ones
+    (:func:`vllm_gdn_neuron.layers.routed_experts.routed_expert_mixture`: gathered per
+    assignment in decode-sized buckets, grouped into expert blocks in prefill-sized ones).
+
     Parameters (checkpoint names): ``gate.weight [E, H]``, ``experts.*``,
     ``shared_expert.*``, ``shared_expert_gate.weight [1, H]``.
     """
@@ -53,5 +58,5 @@ class NeuronSparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = softmax_top_k(self.gate(x), self.top_k, self.renormalize)
-        routed = dense_expert_mixture(x, weights, experts, self.experts.gate_up_proj, self.experts.down_proj)
+        routed = routed_expert_mixture(x, weights, experts, self.experts.gate_up_proj, self.experts.down_proj)
         return routed + gated_shared_expert(self.shared_expert(x), F.linear(x, self.shared_expert_gate.weight))
