@@ -30,7 +30,6 @@ import functools
 import re
 import time
 
-import numpy as np
 import torch
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
@@ -153,21 +152,15 @@ class _MissingOverload:
 
 # --- tensors across the boundary --------------------------------------------------------------
 
-def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as a NumPy array of the same dtype (bfloat16 through ``ml_dtypes``)."""
-    tensor = tensor.detach().contiguous()
-    if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
+def _to_jax(tensor: torch.Tensor):
+    """A CPU tensor as a JAX array on XLA:CPU, sharing its memory (DLPack; bfloat16 included)."""
+    import jax.dlpack
 
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
+    return jax.dlpack.from_dlpack(tensor.detach().contiguous())
 
 
 def _to_torch(array) -> torch.Tensor:
-    array = np.asarray(array)
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(array.copy())
+    return torch.from_dlpack(array)
 
 
 # --- graph contents ---------------------------------------------------------------------------
@@ -423,7 +416,6 @@ class XlaLoweringBackend:
     def __init__(self, compare: bool = True, custom_calls=None, accept=accept_foldable_power) -> None:
         self.compare, self.custom_calls, self.accept = compare, custom_calls, accept
         self.dynamo_graphs, self.aten_graphs, self.buckets = [], [], []
-        self._weights = {}  # id -> (parameter, version, its JAX array): weights cross once
         self._aot = aot_autograd(fw_compiler=self._compile, decompositions=core_aten_decompositions())
 
     def __call__(self, gm, example_inputs):
@@ -446,23 +438,13 @@ class XlaLoweringBackend:
         self.buckets.append(bucket)
 
         def run(*args):
-            outputs = [_to_torch(o) for o in executable(*[self._to_jax(a) for a in args])]
+            outputs = [_to_torch(o) for o in executable(*[_to_jax(a) for a in args])]
             bucket.calls += 1
             if self.compare:
                 _compare(bucket, outputs, gm(*args), num_cache_outputs)
             return outputs
 
         return run
-
-    def _to_jax(self, tensor: torch.Tensor):
-        jax = torchax_environment()[2]
-        if not isinstance(tensor, torch.nn.Parameter):
-            return jax.numpy.asarray(_to_numpy(tensor))
-        kept = self._weights.get(id(tensor))
-        if kept is None or kept[0] is not tensor or kept[1] != tensor._version:
-            kept = (tensor, tensor._version, jax.numpy.asarray(_to_numpy(tensor)))
-            self._weights[id(tensor)] = kept
-        return kept[2]
 
 
 def _compare(bucket: BucketLowering, outputs, eager, num_cache_outputs: int) -> None:
