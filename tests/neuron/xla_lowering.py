@@ -72,6 +72,9 @@ def torchax_environment():
     - torchax registers a "jax" device module that reports itself available; Dynamo then
       treats it as an accelerator and fails: it reports unavailable here.
     - float64 enabled in JAX (else JAX silently narrows an f64 the check must see).
+
+    For the rest of the process, importing torchax also renames torch's PrivateUse1 backend
+    to "jax" and turns off ``nn.MultiheadAttention``'s fast path; nothing here uses either.
     """
     import torch._ops as torch_ops
 
