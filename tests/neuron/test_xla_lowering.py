@@ -1,0 +1,197 @@
+"""Every bucket graph of the harness lowered to StableHLO and run on XLA's CPU backend, equal to eager.
+
+The harness compiles each bucket through :class:`xla_lowering.XlaLoweringBackend` instead of
+``aot_eager``: the functional ATen graph goes through torchax to ``jax.jit``, is lowered to
+StableHLO (checked: no float64, no host transfer, no custom call, the Neuron docs' per-op
+limits) and compiled for XLA:CPU. Every step of the serving workload (fresh and chunked
+prompts, a one-token prompt, full buckets, padded decode batches, requests finishing and
+handing their NaN-poisoned pages to the next) runs the XLA executable and, on the same
+inputs, the ATen graph under torch; the harness serves on XLA's results. Held: logits and
+every written cache page but the sink within 1e-4 of eager (relative to the tensor's
+largest magnitude; NaNs in the same places), and the greedy ids equal transformers'.
+
+Each case prints one line per bucket: StableHLO op count, the most frequent ops, and the
+largest differences seen.
+"""
+
+import collections
+import functools
+
+import pytest
+import torch
+
+from neuron_testing import builder
+from runner import HarnessRunner
+from test_harness import FAST_WORKLOAD, SLOW_WORKLOAD, check, run_harness
+from xla_lowering import LoweringRefused, XlaLoweringBackend, analyse
+from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+
+TOLERANCE = 1e-4
+
+
+def report(model: str, runner_buckets, backend: XlaLoweringBackend) -> str:
+    lines = []
+    for label, bucket in zip(runner_buckets, backend.buckets):
+        counts = bucket.contents.op_counts
+        top = ", ".join(f"{op.split('.')[1]} {n}" for op, n in counts.most_common(6))
+        lines.append(f"{model} {label}: {bucket.contents.total_ops} ops ({top}); gather "
+                     f"{counts['stablehlo.gather']}, scatter {counts['stablehlo.scatter']}; {bucket.calls} steps; "
+                     + (f"max diff logits {bucket.max_logits_diff:.2e}, caches {bucket.max_cache_diff:.2e}; "
+                        if backend.compare else "not compared; ")
+                     + f"lower {bucket.lower_seconds:.1f} s, compile {bucket.compile_seconds:.1f} s")
+    return "\n".join(lines)
+
+
+def bucket_labels(prefill_buckets, decode_buckets) -> list[str]:
+    """The harness warms prefill buckets up first, then decode buckets (compile order)."""
+    return [f"prefill {b}" for b in sorted(prefill_buckets)] + [f"decode {b}" for b in sorted(decode_buckets)]
+
+
+def assert_equal_to_eager(backend: XlaLoweringBackend, buckets: int) -> None:
+    assert len(backend.buckets) == buckets
+    for bucket in backend.buckets:
+        assert bucket.calls > 1, f"bucket {bucket.index} served no step after warm-up"
+        assert bucket.nan_mismatches == 0
+        assert bucket.max_logits_diff <= TOLERANCE, bucket
+        assert bucket.max_cache_diff <= TOLERANCE, bucket
+
+
+def serve_on_xla(model: str, model_dir: str, workload, prefill_buckets, decode_buckets, oracle=True, **kwargs):
+    backend = XlaLoweringBackend()
+    result = run_harness(model_dir, workload, prefill_buckets=prefill_buckets, decode_buckets=decode_buckets,
+                         backend=backend, **kwargs)
+    print("\n" + report(model, bucket_labels(prefill_buckets, decode_buckets), backend))
+    assert_equal_to_eager(backend, len(prefill_buckets) + len(decode_buckets))
+    if oracle:
+        check(result, model_dir, workload)
+    return backend
+
+
+@pytest.mark.slow
+def test_dense_model_four_buckets_on_xla_equal_eager_and_transformers(tiny_model):
+    serve_on_xla("qwen3_5-dense", tiny_model("qwen3_5-dense"), SLOW_WORKLOAD, (8, 64), (2, 4), num_blocks=40)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
+def test_every_tiny_model_on_xla_equals_eager_and_transformers(tiny_model, model):
+    backend = serve_on_xla(model, tiny_model(model), FAST_WORKLOAD, (32,), (4,), num_blocks=24)
+    if "moe" in model or model == "qwen3-next":  # routing: top-k and its sort
+        assert all(b.contents.op_counts["chlo.top_k"] > 0 for b in backend.buckets)
+
+
+@pytest.mark.slow
+def test_bf16_buckets_lower_and_run_on_xla(tiny_model):
+    """Smoke: bf16 buckets lower, pass the content checks, compile and serve (no numeric claim:
+    XLA keeps float32 intermediates where torch rounds to bf16)."""
+    backend = XlaLoweringBackend(compare=False)
+    result = run_harness(tiny_model("qwen3_5-moe"), FAST_WORKLOAD[:3], dtype="bfloat16", prefill_buckets=(32,),
+                         decode_buckets=(4,), num_blocks=24, backend=backend)
+    print("\n" + report("qwen3_5-moe bf16", bucket_labels((32,), (4,)), backend))
+    assert [b.calls > 1 for b in backend.buckets] == [True, True]
+    assert all(len(ids) == n for ids, (_, n, _) in zip(result["ids"], FAST_WORKLOAD[:3]))
+
+
+@pytest.fixture(scope="module")
+def real_dims_2b(tmp_path_factory) -> str:
+    """Qwen3.5-2B's per-layer dims, four layers (``configs/build_tiny_models.py``; ~1.5 GB, ~25 s)."""
+    return str(builder.build("qwen3_5-2b-real", tmp_path_factory.mktemp("xla-real-dims")))
+
+
+@pytest.mark.slow
+def test_real_dims_2b_buckets_on_xla_equal_eager(real_dims_2b):
+    """Hidden 2048, heads of 128 and 256, the 248,320-token vocabulary: equal to eager (the
+    transformers oracle at these dims is ``tests/e2e/test_real_dims.py``'s)."""
+    workload = [(1, 3, 0), (40, 3, 0), (16, 2, 1)]
+    serve_on_xla("qwen3_5-2b-real", real_dims_2b, workload, (16,), (2,), oracle=False, num_blocks=16)
+
+
+# --- the check fails when something a device cannot run enters a bucket ---------------------
+
+@functools.cache
+def opaque_scale():
+    """A custom op (CPU kernel only, no XLA lowering), as an op reached through dispatch would be."""
+    @torch.library.custom_op("xla_lowering_test::opaque_scale", mutates_args=())
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0
+
+    @scale.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    return scale
+
+
+def _decode_bucket_with(model_dir, change_norm):
+    """Serve one decode bucket whose final norm output passes through ``change_norm``."""
+    runner = HarnessRunner(Qwen3_5NeuronForCausalLM, model_dir, prefill_buckets=(8,), decode_buckets=(2,),
+                           num_blocks=8, backend=XlaLoweringBackend())
+    norm = runner.model.model.norm
+    forward = norm.forward
+    norm.forward = lambda hidden, residual: (change_norm(forward(hidden, residual)[0]), residual)
+    runner.warm_up()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("injected", ["custom op", "float64 round trip"])
+def test_check_refuses_a_bucket_with_an_injected_op(tiny_model, injected):
+    change = opaque_scale() if injected == "custom op" else (lambda h: h.double().float())
+    message = "xla_lowering_test.opaque_scale" if injected == "custom op" else "float64"
+    with pytest.raises(Exception) as refused:
+        _decode_bucket_with(tiny_model("qwen3_5-dense"), change)
+    text = "".join(str(e) for e in _chain(refused.value))
+    assert message.replace(".", "::") in text or message in text, text[-2000:]
+    if injected == "float64 round trip":
+        assert any(isinstance(e, LoweringRefused) for e in _chain(refused.value))
+
+
+def _chain(error):
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+# --- the content checks on small modules of known content ------------------------------------
+
+def _module(function, *shapes, dtype="float32"):
+    import jax
+
+    with jax.enable_x64(True):  # as for the buckets: an f64 stays f64
+        return jax.jit(function).lower(*[jax.ShapeDtypeStruct(s, dtype) for s in shapes]).as_text()
+
+
+def test_contents_check_finds_float64_callbacks_custom_calls_and_limit_breaches():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    clean = analyse(_module(lambda x: jnp.take(x, jnp.array([2, 0]), axis=0, mode="clip").sum(0)
+                            + (x ** 2).sum(0), (4, 3)))
+    assert clean.problems() == [] and clean.op_counts["stablehlo.gather"] == 1
+
+    f64 = analyse(_module(lambda x: x.astype(jnp.float64).astype(jnp.float32), (4,)))
+    assert f64.float64 and f64.problems() == ["float64 values in the module"]
+
+    callback = analyse(_module(lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct((4,), "float32"), x), (4,)))
+    assert callback.host_ops and any("host transfer" in p for p in callback.problems())
+
+    kernel = analyse(_module(lambda x: jax.ffi.ffi_call("AwsNeuronCustomNativeKernel",
+                                                         jax.ShapeDtypeStruct((4,), "float32"))(x), (4,)))
+    assert kernel.custom_calls == ["AwsNeuronCustomNativeKernel"]
+    assert kernel.problems(collections.Counter({"AwsNeuronCustomNativeKernel": 1})) == []
+    assert kernel.problems() != []
+
+    def breaches(x, i):
+        window = jax.lax.dynamic_update_slice(x, jnp.ones((1, 3), x.dtype), (i[0].astype(jnp.int32), jnp.int32(0)))  # traced index
+        rows = jax.lax.gather(x, i.astype(jnp.int32).reshape(1, 1),
+                              jax.lax.GatherDimensionNumbers(offset_dims=(0, 1), collapsed_slice_dims=(),
+                                                             start_index_map=(0,)), slice_sizes=(2, 3))
+        return window.sum() + rows.sum() + jnp.argmax(x[0]) + (x ** x).sum()
+
+    found = collections.Counter(v.op for v in analyse(_module(breaches, (4, 3), (1,))).limit_violations)
+    assert found["dynamic_update_slice"] == 1 and found["gather"] == 1 and found["power"] == 1
+    assert found["reduce"] >= 1  # argmax: a two-value reduction (compare and select)
+
+    rope = analyse(_module(lambda p: p * 10000.0 ** (jnp.arange(4, dtype=jnp.float32) / 8), (4,)))
+    assert [(v.op, v.foldable) for v in rope.limit_violations] == [("power", True)]
+    assert rope.problems() == [] or rope.problems(accept=lambda v: v.foldable) == []
