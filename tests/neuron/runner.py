@@ -64,8 +64,8 @@ class NeuronConfigStandIn:
                     num_seqs_buckets=None, enable_structured_outputs=False, hlo2tensorizer_options=None,
                     kv_segment_size_buckets=None, decode_context_length_buckets=None, lm_head_dp_size=1)
 
-    def __init__(self, values: dict) -> None:
-        for key, value in {**self.DEFAULTS, **values}.items():
+    def __init__(self, values: dict | None = None, **fields) -> None:
+        for key, value in {**self.DEFAULTS, **(values or {}), **fields}.items():
             setattr(self, key, value)
 
 
