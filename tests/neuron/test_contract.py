@@ -145,11 +145,11 @@ def test_bind_refuses_a_cache_that_does_not_match_the_spec_and_binds_nothing(den
                for layer in model.model.layers)
 
 
-def test_forward_takes_every_keyword_the_runner_passes():
+def test_forward_takes_exactly_the_runners_keywords():
     import inspect
 
     params = list(inspect.signature(Qwen3_5NeuronForCausalLM.forward).parameters)[1:]
-    assert set(contract.FORWARD_KEYWORDS + contract.OPTIONAL_FORWARD_KEYWORDS) <= set(params)
+    assert tuple(params) == contract.FORWARD_KEYWORDS
 
 
 def test_the_harness_passes_every_metadata_key_the_shell_reads(tiny_model):

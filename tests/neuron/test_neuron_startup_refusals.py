@@ -2,6 +2,7 @@
 
 import copy
 import json
+import logging
 import pathlib
 import shutil
 import types
@@ -53,7 +54,13 @@ def test_unservable_checkpoints_are_refused_by_from_configs(dense_config, field,
      r"neuron_config.num_batched_tokens_buckets must hold integers >= 1; got \[0, 64\]"),
     (NeuronConfigStandIn(num_seqs_buckets=[4, 2.5]), r"neuron_config.num_seqs_buckets must hold integers >= 1"),
     (NeuronConfigStandIn(on_device_sampling_config=object()), "neuron_config.on_device_sampling_config must be None"),
-    (NeuronConfigStandIn(quantization="fp8"), "neuron_config.quantization must be None.*got 'fp8'"),
+    (NeuronConfigStandIn(quantization="fp8"),
+     r"neuron_config.quantization must be null or \"bf16\" .*got 'fp8': remove it .* or set \"bf16\""),
+    (types.SimpleNamespace(ep_degree=2),
+     "neuron_config.ep_degree must be 1 .*got 2: remove ep_degree from additional_config.neuron_config"),
+    (types.SimpleNamespace(lm_head_dp_size=4), "neuron_config.lm_head_dp_size must be 1 .*got 4: remove lm_head_dp_size"),
+    (types.SimpleNamespace(attention_dp_size=2), "neuron_config.attention_dp_size must be 1 .*got 2"),
+    (types.SimpleNamespace(fp8_packed_kv=True), "neuron_config.fp8_packed_kv must be false .*remove fp8_packed_kv"),
 ])
 def test_unservable_neuron_configs_are_refused_by_from_configs(dense_config, neuron_config, message):
     with pytest.raises(ValueError, match=message):
@@ -75,9 +82,77 @@ def test_tensor_parallel_splits_that_do_not_fit_are_refused(dense_config):
             Qwen3_5NeuronForCausalLM(dense_config, None, tp_group=group)
 
 
-def test_a_vision_neuron_config_is_refused(dense_config):
-    with pytest.raises(ValueError, match="vision_neuron_config must be None"):
+def test_quantization_bf16_means_unquantized(dense_config):
+    """The upstream Qwen3.5 recipe sets ``quantization: "bf16"``: the same model as none."""
+    plain = _build(dense_config, NeuronConfigStandIn())
+    bf16 = _build(dense_config, NeuronConfigStandIn(quantization="bf16"))
+    assert [(n, p.shape, p.dtype) for n, p in bf16.named_parameters()] == \
+        [(n, p.shape, p.dtype) for n, p in plain.named_parameters()]
+
+
+def _engine(image=0, video=0, multimodal=True, prefix_caching=False, cache_dtype="auto", speculative=None,
+            pipeline=1):
+    """A stand-in for vLLM's ``VllmConfig`` with the fields the shell's start-up checks read."""
+    limits = {"image": image, "video": video}
+    multimodal_config = types.SimpleNamespace(get_limit_per_prompt=limits.__getitem__) if multimodal else None
+    return types.SimpleNamespace(
+        model_config=types.SimpleNamespace(max_model_len=2048, dtype=torch.float32, multimodal_config=multimodal_config),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=8),
+        cache_config=types.SimpleNamespace(enable_prefix_caching=prefix_caching, cache_dtype=cache_dtype),
+        speculative_config=speculative,
+        parallel_config=types.SimpleNamespace(pipeline_parallel_size=pipeline),
+    )
+
+
+@pytest.fixture
+def current_engine(monkeypatch):
+    """``current_engine(config)``: the config ``from_configs`` reads as vLLM's current one."""
+    import vllm_gdn_neuron.neuron.model as shell_model
+
+    def set_engine(vllm_config):
+        monkeypatch.setattr(shell_model, "current_vllm_config", lambda: vllm_config)
+
+    return set_engine
+
+
+def test_a_vision_neuron_config_serving_no_images_is_accepted_with_one_log_line(dense_config, current_engine,
+                                                                                 caplog):
+    vision = types.SimpleNamespace(vision_attention_block_size=2048, num_vision_tokens_buckets=[2048])
+    checks_logger = logging.getLogger("vllm.plugins.vllm_gdn_neuron.neuron.checks")
+    checks_logger.addHandler(caplog.handler)  # vLLM's "vllm" logger does not propagate to the root
+    try:
+        for engine in (_engine(image=0, video=0), _engine(multimodal=False), None):
+            current_engine(engine)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger=checks_logger.name):
+                model = _build(dense_config, text_neuron_config=NeuronConfigStandIn(), vision_neuron_config=vision)
+            records = dict.fromkeys(caplog.records)  # once, whichever way it reached the handler
+            lines = [r.getMessage() for r in records if "vision_neuron_config" in r.getMessage()]
+            assert len(lines) == 1 and "not used" in lines[0], lines
+            assert not hasattr(model, "visual")
+    finally:
+        checks_logger.removeHandler(caplog.handler)
+
+
+@pytest.mark.parametrize(("image", "video"), [(1, 0), (0, 2), (999, 999)])
+def test_a_vision_neuron_config_with_images_or_videos_allowed_is_refused(dense_config, current_engine, image, video):
+    current_engine(_engine(image=image, video=video))
+    message = (f"vision_neuron_config is given and limit-mm-per-prompt allows image={image}, video={video}: .*"
+               r"set limit-mm-per-prompt \{\"image\": 0, \"video\": 0\}")
+    with pytest.raises(ValueError, match=message):
         _build(dense_config, text_neuron_config=NeuronConfigStandIn(), vision_neuron_config=object())
+
+
+@pytest.mark.parametrize(("engine", "message"), [
+    (_engine(prefix_caching=True), "enable-prefix-caching is true: .*set enable-prefix-caching: false"),
+    (_engine(cache_dtype="fp8"), "kv-cache-dtype must be 'auto' .*got 'fp8': set kv-cache-dtype: auto"),
+    (_engine(speculative=object()), "speculative-config is set: .*remove speculative-config"),
+    (_engine(pipeline=2), "pipeline-parallel-size must be 1 .*got 2: set pipeline-parallel-size: 1"),
+])
+def test_unservable_engine_options_are_refused_by_from_configs(dense_config, current_engine, engine, message):
+    current_engine(engine)
+    with pytest.raises(ValueError, match=message):
+        _build(dense_config, NeuronConfigStandIn())
 
 
 def _checkpoint_without(tmp_path, source, drop=None, reshape=None):
@@ -121,7 +196,7 @@ def test_from_configs_reads_the_engine_limits_of_the_current_vllm_config(dense_c
 
     scheduler = SchedulerConfig(max_num_seqs=4, max_model_len=512, max_num_batched_tokens=256,
                                 is_encoder_decoder=False)
-    with set_current_vllm_config(VllmConfig(scheduler_config=scheduler, cache_config=CacheConfig(block_size=32))):
+    with set_current_vllm_config(VllmConfig(scheduler_config=scheduler, cache_config=CacheConfig(block_size=32, enable_prefix_caching=False))):
         with pytest.raises(ValueError, match=r"neuron_config.num_seqs_buckets must not exceed max_num_seqs=4; got \[2, 8\]"):
             _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 8]))
         _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 4]))

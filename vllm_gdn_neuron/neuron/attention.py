@@ -74,11 +74,14 @@ class NeuronGatedAttention(GatedAttentionMath):
         """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.neuron.cache.bind_allocations`)."""
         self.kv_pages = pages
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool):
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool,
+                rope_positions: torch.Tensor | None = None):
         """Attend, writing this step's K / V into the pages.
 
         Args:
-            positions: ``[T]`` int token positions.
+            positions: ``[T]`` int token positions (the cache positions: context and causality).
+            rope_positions: ``[T]`` int positions the rotary embedding turns q and k by;
+                default ``positions`` (they differ only for tokens after an image).
             hidden: ``[T, H]``.
             metadata: this layer's ``attn_metadata`` entry.
             is_decode: one token per block-table row (else one prefill sequence).
@@ -86,8 +89,8 @@ class NeuronGatedAttention(GatedAttentionMath):
         Returns:
             ``[T, H]`` (summed over tensor-parallel ranks).
         """
-        q, k, v, gate = self.split_and_rotate(positions, self.q_proj(hidden), self.k_proj(hidden),
-                                              self.v_proj(hidden))
+        q, k, v, gate = self.split_and_rotate(positions if rope_positions is None else rope_positions,
+                                              self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden))
         live = metadata["slot_mapping"] > 0
         pages = self.kv_pages.view()
         self._write(pages, k, v, metadata["slot_mapping"], live)

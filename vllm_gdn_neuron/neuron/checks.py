@@ -1,14 +1,29 @@
 """Start-up refusals of the Neuron shell: what it cannot serve fails in ``from_configs``.
 
-Each check raises ``ValueError`` naming the config field, what the shell supports and
-what was given, before any weight is read, so a bad checkpoint or bucket list never
-reaches the first request (and never serves zeros).
+Each check raises ``ValueError`` naming the setting, the value given and what to set
+instead, before any weight is read, so a bad checkpoint, bucket list or engine option
+never reaches the first request (and never serves zeros).
+
+The engine settings come from vLLM's current config, which vllm-neuron's runner builds
+the model under; where none is current (a model built outside an engine) the engine
+checks are skipped.
 """
+
+import logging
 
 from vllm_gdn_neuron.kernels.gdn_cte import MAX_HEAD_DIM
 from vllm_gdn_neuron.layers.attention import check_attention_heads
 from vllm_gdn_neuron.layers.checkpoint import check_layer_types
 from vllm_gdn_neuron.layers.rotary import check_rope_parameters
+
+logger = logging.getLogger(f"vllm.plugins.{__name__}")
+
+# ``neuron_config.quantization`` values that mean unquantized weights (the upstream
+# Qwen3.5 recipe sets "bf16").
+UNQUANTIZED = (None, "bf16")
+
+# NeuronConfig parallel layouts beyond tensor parallelism; the shell serves only 1.
+_UNSPLIT_LAYOUTS = ("ep_degree", "attention_dp_size", "embedding_dp_size", "lm_head_dp_size", "mlp_dp_size")
 
 
 def check_text_config(config, tp_size: int) -> None:
@@ -68,9 +83,23 @@ def check_neuron_config(neuron_config, config, max_model_len: int | None, max_nu
             "sampling_positions for vLLM's sampler (pass \"on_device_sampling_config\": null in "
             "additional_config.neuron_config); got an on-device sampling config"
         )
-    if getattr(neuron_config, "quantization", None) is not None:
+    quantization = getattr(neuron_config, "quantization", None)
+    if quantization not in UNQUANTIZED:
         raise ValueError(
-            f"neuron_config.quantization must be None (bf16 / fp32 weights); got {neuron_config.quantization!r}"
+            f"neuron_config.quantization must be null or \"bf16\" (this model loads unquantized bf16 / fp32 "
+            f"weights); got {quantization!r}: remove it from additional_config.neuron_config or set \"bf16\""
+        )
+    for field in _UNSPLIT_LAYOUTS:
+        value = getattr(neuron_config, field, 1)
+        if value != 1:
+            raise ValueError(
+                f"neuron_config.{field} must be 1 (this model splits its layers by tensor parallelism only); "
+                f"got {value!r}: remove {field} from additional_config.neuron_config"
+            )
+    if getattr(neuron_config, "fp8_packed_kv", False):
+        raise ValueError(
+            "neuron_config.fp8_packed_kv must be false (the KV cache is kept in the model dtype); got True: "
+            "remove fp8_packed_kv from additional_config.neuron_config"
         )
     token_limit = min(v for v in (max_model_len, config.max_position_embeddings) if v is not None)
     _check_buckets("neuron_config.num_batched_tokens_buckets",
@@ -89,3 +118,69 @@ def _check_buckets(name: str, buckets, limit: int | None, limit_name: str) -> No
         raise ValueError(f"{name} must hold integers >= 1; got {list(buckets)}")
     if limit is not None and max(buckets) > limit:
         raise ValueError(f"{name} must not exceed {limit_name}={limit}; got {list(buckets)}")
+
+
+def check_vision_neuron_config(vision_neuron_config, image_limit: int | None, video_limit: int | None) -> None:
+    """Accept a ``vision_neuron_config`` only where no image or video can reach the model.
+
+    The shell builds the text decoder only. vllm-neuron's runner passes the vision config
+    whenever ``additional_config`` has one (the shipped configs state it so that the
+    platform's vision auto-configuration stays bounded); it is unused, and harmless,
+    exactly when the engine accepts no multimodal items.
+
+    Args:
+        vision_neuron_config: vllm-neuron's ``VisionNeuronConfig`` or None.
+        image_limit, video_limit: the engine's ``limit-mm-per-prompt`` for image and video
+            (0 where the model takes no multimodal input), or None where no engine config
+            is current.
+
+    Raises:
+        ValueError: naming ``limit-mm-per-prompt`` and the limits, when either is not 0.
+    """
+    if vision_neuron_config is None:
+        return
+    if image_limit is None or video_limit is None:
+        logger.info("vision_neuron_config is not used: the Neuron shell builds the text decoder only "
+                    "(no engine config is current, so limit-mm-per-prompt was not checked)")
+        return
+    if image_limit or video_limit:
+        raise ValueError(
+            f"additional_config.vision_neuron_config is given and limit-mm-per-prompt allows image={image_limit}, "
+            f"video={video_limit}: the Neuron shell serves the text decoder only; set limit-mm-per-prompt "
+            "{\"image\": 0, \"video\": 0} (or remove vision_neuron_config and serve text only)"
+        )
+    logger.info("vision_neuron_config is not used: limit-mm-per-prompt is image=0, video=0 and the Neuron shell "
+                "builds the text decoder only")
+
+
+def check_engine_config(vllm_config) -> None:
+    """Refuse engine options the shell cannot serve (``vllm_config``: vLLM's ``VllmConfig``, or None).
+
+    Raises:
+        ValueError: naming the ``vllm serve`` option, its value and what to set instead.
+    """
+    if vllm_config is None:
+        return
+    cache = vllm_config.cache_config
+    if getattr(cache, "enable_prefix_caching", False):
+        raise ValueError(
+            "enable-prefix-caching is true: a GatedDeltaNet layer keeps one state per sequence, not one per "
+            "cached prefix, so a prefix-cache hit would continue from another request's state; "
+            "set enable-prefix-caching: false"
+        )
+    cache_dtype = str(getattr(cache, "cache_dtype", "auto"))
+    if cache_dtype != "auto":
+        raise ValueError(
+            f"kv-cache-dtype must be 'auto' (the KV cache is kept in the model dtype); got {cache_dtype!r}: "
+            "set kv-cache-dtype: auto"
+        )
+    if vllm_config.speculative_config is not None:
+        raise ValueError(
+            "speculative-config is set: the Neuron shell does not verify draft tokens; remove speculative-config"
+        )
+    pipeline = vllm_config.parallel_config.pipeline_parallel_size
+    if pipeline != 1:
+        raise ValueError(
+            f"pipeline-parallel-size must be 1 (every rank holds every layer); got {pipeline}: "
+            "set pipeline-parallel-size: 1 and split with tensor-parallel-size"
+        )

@@ -33,7 +33,9 @@ VLLM_NEURON_PIN = f"vllm-neuron (release-0.24.0.1.1.0 line, vLLM 0.24): whn09/vl
 # Keys of one layer's entry in the forward's ``attn_metadata`` that this shell reads.
 METADATA_KEYS = ("block_table_tensor", "slot_mapping", "max_query_len", "decode_token_threshold", "block_size")
 
-# Keyword arguments the runner passes to ``forward`` at every step and warm-up.
+# Keyword arguments of ``forward``: whn09/vllm-neuron@7ea99278's runner always passes the
+# first eight; ``inputs_embeds`` / ``is_token_ids`` with prompt embeds enabled, and
+# ``rotary_position_ids`` when the model config uses M-RoPE.
 FORWARD_KEYWORDS = (
     "input_ids",
     "positions",
@@ -43,10 +45,10 @@ FORWARD_KEYWORDS = (
     "spec_decode_metadata",
     "logit_mask",
     "rank",
+    "inputs_embeds",
+    "is_token_ids",
+    "rotary_position_ids",
 )
-# Passed only when the engine enables them: ``rotary_position_ids`` for an M-RoPE config,
-# ``inputs_embeds`` and ``is_token_ids`` with prompt embeds.
-OPTIONAL_FORWARD_KEYWORDS = ("rotary_position_ids", "inputs_embeds", "is_token_ids")
 
 # Pages the runner appends past ``num_blocks`` under ``kv_cache_page_major``.
 NUM_RESERVED_PAGES = 2

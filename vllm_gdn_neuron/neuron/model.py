@@ -30,7 +30,8 @@ from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
 from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, bind_allocations
-from vllm_gdn_neuron.neuron.checks import check_neuron_config, check_text_config
+from vllm_gdn_neuron.neuron.checks import (check_engine_config, check_neuron_config, check_text_config,
+                                           check_vision_neuron_config)
 from vllm_gdn_neuron.neuron.gdn import NeuronGatedDeltaNet
 from vllm_gdn_neuron.neuron.kv_spec import KVSpec
 from vllm_gdn_neuron.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
@@ -51,22 +52,40 @@ def model_dtype(text_config) -> torch.dtype:
     return raw if isinstance(raw, torch.dtype) else _DTYPES[str(raw).replace("torch.", "")]
 
 
-def _engine_settings() -> tuple[int | None, int | None, torch.dtype | None]:
-    """``(max_model_len, max_num_seqs, dtype)`` of the engine being set up, when vLLM has a current
-    config (the runner builds the model inside one), else Nones."""
+def current_vllm_config():
+    """vLLM's current ``VllmConfig`` (the runner builds the model inside one), or None."""
     import sys
 
     vllm_config_module = sys.modules.get("vllm.config")
     if vllm_config_module is None:
-        return None, None, None
+        return None
     try:
-        vllm_config = vllm_config_module.get_current_vllm_config()
+        return vllm_config_module.get_current_vllm_config()
     except AssertionError:  # no engine config set (e.g. a model built outside an engine)
-        return None, None, None
+        return None
+
+
+def engine_limits(vllm_config) -> dict:
+    """The engine settings the start-up checks bound the model by (None where unknown).
+
+    Keys: ``max_model_len``, ``max_num_seqs``, ``dtype``, and ``image_limit`` /
+    ``video_limit`` (``limit-mm-per-prompt``; 0 when the model takes no multimodal input).
+    """
+    limits = dict(max_model_len=None, max_num_seqs=None, dtype=None, image_limit=None, video_limit=None)
+    if vllm_config is None:
+        return limits
+    limits["max_num_seqs"] = vllm_config.scheduler_config.max_num_seqs
     model_config = vllm_config.model_config
     if model_config is None:
-        return None, vllm_config.scheduler_config.max_num_seqs, None
-    return model_config.max_model_len, vllm_config.scheduler_config.max_num_seqs, model_config.dtype
+        return limits
+    multimodal = getattr(model_config, "multimodal_config", None)
+    limits.update(
+        max_model_len=model_config.max_model_len,
+        dtype=model_config.dtype,
+        image_limit=multimodal.get_limit_per_prompt("image") if multimodal is not None else 0,
+        video_limit=multimodal.get_limit_per_prompt("video") if multimodal is not None else 0,
+    )
+    return limits
 
 
 class NeuronDecoderLayer(nn.Module):
@@ -92,7 +111,7 @@ class NeuronDecoderLayer(nn.Module):
     def mixer(self):
         return self.linear_attn if self.is_linear else self.self_attn
 
-    def forward(self, positions, hidden, residual, attn_metadata, is_decode):
+    def forward(self, positions, rope_positions, hidden, residual, attn_metadata, is_decode):
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
@@ -100,7 +119,10 @@ class NeuronDecoderLayer(nn.Module):
         name = self.mixer.layer_name
         if name not in attn_metadata:
             raise ValueError(f"attn_metadata has no entry for layer {name!r}: the step cannot advance its cache")
-        hidden = self.mixer(positions, hidden, attn_metadata[name], is_decode)
+        if self.is_linear:
+            hidden = self.linear_attn(positions, hidden, attn_metadata[name], is_decode)
+        else:
+            hidden = self.self_attn(positions, hidden, attn_metadata[name], is_decode, rope_positions)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.tp_group.all_reduce(self.mlp(hidden)), residual
 
@@ -135,16 +157,19 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
     is_hybrid = True
     has_inner_state = True
 
-    def __init__(self, hf_config, neuron_config=None, tp_group=None) -> None:
+    def __init__(self, hf_config, neuron_config=None, tp_group=None, vision_neuron_config=None) -> None:
         super().__init__()
         config = text_config_of(hf_config)
         self.tp_group = tp_group if tp_group is not None else current_tp_group()
         tp = self.tp_group.world_size
         check_text_config(config, tp)
-        max_model_len, max_num_seqs, engine_dtype = _engine_settings()
-        check_neuron_config(neuron_config, config, max_model_len, max_num_seqs)
+        vllm_config = current_vllm_config()
+        limits = engine_limits(vllm_config)
+        check_engine_config(vllm_config)
+        check_neuron_config(neuron_config, config, limits["max_model_len"], limits["max_num_seqs"])
+        check_vision_neuron_config(vision_neuron_config, limits["image_limit"], limits["video_limit"])
         self.config = config
-        self.dtype = engine_dtype or model_dtype(config)
+        self.dtype = limits["dtype"] or model_dtype(config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False)
                                         or getattr(config, "tie_word_embeddings", False))
         self.vocab_shards = tp if config.vocab_size % tp == 0 else 1
@@ -159,11 +184,11 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         """Build the model (the runner calls this under ``torch.device("meta")``).
 
         The multimodal form (``text_neuron_config=``, ``vision_neuron_config=``) builds the
-        text decoder only; a vision config is refused unless it is None.
+        text decoder only; a vision config is accepted only where the engine takes no image
+        or video (:func:`.checks.check_vision_neuron_config`).
         """
-        if vision_neuron_config is not None:
-            raise ValueError("vision_neuron_config must be None: the Neuron shell serves the text decoder only")
-        return cls(hf_config, neuron_config if neuron_config is not None else text_neuron_config)
+        return cls(hf_config, neuron_config if neuron_config is not None else text_neuron_config,
+                   vision_neuron_config=vision_neuron_config)
 
     def load_weights(self, model_path: str, device, download_dir: str | None = None) -> None:
         """Load this rank's shards of the checkpoint at ``model_path`` onto ``device``.
@@ -234,32 +259,89 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         rank: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         is_token_ids: torch.Tensor | None = None,
+        rotary_position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One engine step over a bucket-padded batch.
 
+        The keywords are those of vllm-neuron's runner (``_execute_model_forward`` and the
+        warm-up input builders of whn09/vllm-neuron@7ea99278 ``neuron_model_runner.py``).
+
+        Dimensions:
+            T: tokens of the step (a prefill bucket, or one per decode row); R: logit rows
+            (``sampling_positions``); H: hidden size; V: vocabulary size.
+
         Args:
-            input_ids: ``[T]`` token ids (padding tokens: any id).
-            positions: ``[T]`` positions (padded prefill tokens repeat the last one).
+            input_ids: ``[T]`` int32 / int64 token ids (padding tokens: any id).
+            positions: ``[T]`` int64 cache positions (padded prefill tokens repeat the last one).
             attn_metadata: per-layer dicts (``block_table_tensor``, ``slot_mapping`` with
                 padding ``<= 0``, ``max_query_len``, ``decode_token_threshold``).
-            sampling_positions: ``[num_reqs]`` the token whose logits each request samples.
-            sampling_params, rank, is_token_ids: accepted, not used (host sampling).
-            spec_decode_metadata, logit_mask: must be None (no speculative decoding; no
-                on-device structured-output mask).
-            inputs_embeds: ``[T, H]`` instead of ``input_ids``, or None.
+            sampling_positions: ``[R]`` int64, the token whose logits each row returns.
+            sampling_params, rank: accepted, not used (vLLM samples on the host).
+            spec_decode_metadata: must be None (no speculative decoding).
+            logit_mask: ``[R, V]`` bool, True where a token is allowed, or None. The runner
+                passes an all-True mask when ``neuron_config.enable_structured_outputs`` is
+                set (the grammar itself is applied to the returned logits on the host);
+                disallowed tokens get ``-inf`` here, in the graph.
+            inputs_embeds: ``[T, H]`` prompt embeddings (the runner sends bfloat16; cast to
+                the model dtype), or None.
+            is_token_ids: ``[T]`` bool, True where the token id's embedding is used and
+                False where ``inputs_embeds`` is; None with ``inputs_embeds`` means every
+                token comes from ``inputs_embeds``.
+            rotary_position_ids: ``[3, T]`` int64 M-RoPE positions (temporal, height,
+                width), passed when the model config uses M-RoPE, or None. Text tokens carry
+                one value on all three axes, where M-RoPE equals 1-D RoPE; the temporal
+                row turns q and k. Images are not served (the start-up checks refuse a
+                configuration that accepts them), so no token has distinct axes.
 
         Returns:
-            ``[num_reqs, vocab]`` logits in the model dtype.
+            ``[R, V]`` logits in the model dtype.
         """
-        if spec_decode_metadata is not None or logit_mask is not None:
-            raise ValueError("spec_decode_metadata and logit_mask must be None (not supported by this model)")
+        if spec_decode_metadata is not None:
+            raise ValueError("spec_decode_metadata must be None: this model does not verify draft tokens")
         layers = self.model.layers
         first = attn_metadata[layers[0].mixer.layer_name]
         is_decode = first["max_query_len"] <= first["decode_token_threshold"]
-        hidden = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        hidden = self._input_embeddings(input_ids, inputs_embeds, is_token_ids)
+        rope_positions = positions if rotary_position_ids is None else self._text_rope_positions(
+            rotary_position_ids, positions)
         residual = None
         for layer in layers:
-            hidden, residual = layer(positions, hidden, residual, attn_metadata, is_decode)
+            hidden, residual = layer(positions, rope_positions, hidden, residual, attn_metadata, is_decode)
         hidden, _ = self.model.norm(hidden, residual)
         logits = self.lm_head(hidden.index_select(0, sampling_positions.to(torch.int64)))
-        return self.tp_group.all_gather(logits, dim=-1) if self.vocab_shards > 1 else logits
+        if self.vocab_shards > 1:
+            logits = self.tp_group.all_gather(logits, dim=-1)
+        return logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
+
+    def _input_embeddings(self, input_ids, inputs_embeds, is_token_ids) -> torch.Tensor:
+        """``[T, H]``: the embedding of each id, or the prompt embedding where ``is_token_ids`` is False."""
+        if inputs_embeds is None:
+            if is_token_ids is not None:
+                raise ValueError("is_token_ids was given without inputs_embeds: pass both or neither")
+            return self.model.embed_tokens(input_ids)
+        tokens, hidden_size = input_ids.shape[0], self.config.hidden_size
+        if tuple(inputs_embeds.shape) != (tokens, hidden_size):
+            raise ValueError(f"inputs_embeds must be [{tokens}, {hidden_size}] (tokens, hidden_size); "
+                             f"got {list(inputs_embeds.shape)}")
+        embeds = inputs_embeds.to(self.dtype)
+        if is_token_ids is None:
+            return embeds
+        if tuple(is_token_ids.shape) != (tokens,) or is_token_ids.dtype != torch.bool:
+            raise ValueError(f"is_token_ids must be a [{tokens}] bool tensor; "
+                             f"got {list(is_token_ids.shape)} {is_token_ids.dtype}")
+        return torch.where(is_token_ids[:, None], self.model.embed_tokens(input_ids), embeds)
+
+    @staticmethod
+    def _text_rope_positions(rotary_position_ids, positions) -> torch.Tensor:
+        """``[T]``: the temporal row of ``[3, T]`` M-RoPE positions (all rows equal on text)."""
+        if rotary_position_ids.dim() != 2 or tuple(rotary_position_ids.shape) != (3, positions.shape[0]):
+            raise ValueError(f"rotary_position_ids must be [3, {positions.shape[0]}] (M-RoPE axes, tokens); "
+                             f"got {list(rotary_position_ids.shape)}")
+        return rotary_position_ids[0]
+
+    def _apply_logit_mask(self, logits, logit_mask) -> torch.Tensor:
+        """``logits`` with ``-inf`` where ``logit_mask`` ``[R, V]`` (bool) is False."""
+        if tuple(logit_mask.shape) != tuple(logits.shape) or logit_mask.dtype != torch.bool:
+            raise ValueError(f"logit_mask must be a {list(logits.shape)} bool tensor (logit rows, vocab_size); "
+                             f"got {list(logit_mask.shape)} {logit_mask.dtype}")
+        return logits.masked_fill(~logit_mask, float("-inf"))
