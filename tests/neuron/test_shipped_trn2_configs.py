@@ -1,0 +1,70 @@
+"""Every shipped trn2 config holds the settings the Neuron shell and vllm-neuron's runner need.
+
+- async scheduling off (the runner refuses it without on-device sampling, which the shell
+  does not do), read through vLLM's own ``--config`` parser;
+- the shell's start-up checks pass on the config's ``neuron_config``, its
+  ``vision_neuron_config`` with the config's ``limit-mm-per-prompt``;
+- the upstream dense recipe's ``hlo2tensorizer_options: ""`` in the dense configs only.
+"""
+
+import pathlib
+import types
+
+import pytest
+import yaml
+
+from vllm_gdn_neuron.neuron.checks import UNQUANTIZED, check_vision_neuron_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MODEL_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
+CONFIGS = MODEL_CONFIGS + [REPO / "configs" / "serve-trn2.yaml"] + sorted(
+    (REPO / "tests" / "integration" / "trn2").glob("*.yaml"))
+
+
+def _settings(path):
+    return yaml.safe_load(path.read_text())
+
+
+def _is_moe(settings) -> bool:
+    return "A3B" in settings.get("model", "")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_turns_async_scheduling_off_and_samples_on_the_host(path):
+    settings = _settings(path)
+    assert settings["async-scheduling"] is False
+    assert settings["additional-config"]["neuron_config"]["on_device_sampling_config"] is None
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_vision_neuron_config_comes_with_no_images_and_no_videos(path):
+    settings = _settings(path)
+    vision = settings["additional-config"].get("vision_neuron_config")
+    limits = settings.get("limit-mm-per-prompt", {})
+    check_vision_neuron_config(types.SimpleNamespace(**vision) if vision else None,
+                               limits.get("image", 999), limits.get("video", 999))
+    assert settings["additional-config"]["neuron_config"].get("quantization") in UNQUANTIZED
+
+
+@pytest.mark.parametrize("path", MODEL_CONFIGS + [REPO / "configs" / "serve-trn2.yaml"], ids=lambda p: p.name)
+def test_dense_configs_take_the_upstream_whole_graph_compile_and_moe_keeps_the_default(path):
+    settings = _settings(path)
+    neuron_config = settings["additional-config"]["neuron_config"]
+    if _is_moe(settings):
+        assert "hlo2tensorizer_options" not in neuron_config
+    else:
+        assert neuron_config["hlo2tensorizer_options"] == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_vllms_config_parser_reads_async_scheduling_off(path):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--config", str(path)])
+    assert args.async_scheduling is False
+    assert args.enable_prefix_caching is False
+    # The empty option string reaches the runner as given (not dropped as an empty value).
+    want = _settings(path)["additional-config"]["neuron_config"].get("hlo2tensorizer_options")
+    assert args.additional_config["neuron_config"].get("hlo2tensorizer_options") == want
