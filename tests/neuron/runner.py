@@ -3,7 +3,7 @@
 Read (facts only, no code copied): whn09/vllm-neuron @
 ``7ea992789fa624ea6b0d7ad4cb0789e784863904`` (the fork's base is vllm-neuron
 ``release-0.24.0.1.1.0``; upstream proposes the same recurrent-cache path in
-vllm-project/vllm-neuron PR #54), ``vllm_neuron/vllm/worker/neuron_model_runner.py``:
+https://github.com/vllm-project/vllm-neuron/pull/54), ``vllm_neuron/vllm/worker/neuron_model_runner.py``:
 
 - ``__init__``: ``NeuronConfig.from_dict(additional_config["neuron_config"])``; a
   ``vision_neuron_config`` in ``additional_config`` switches ``load_model`` to the multimodal

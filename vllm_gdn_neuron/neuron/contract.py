@@ -2,9 +2,9 @@
 
 Pinned: **whn09/vllm-neuron @ 7ea992789fa624ea6b0d7ad4cb0789e784863904** (a fork of
 vllm-neuron ``release-0.24.0.1.1.0``: vLLM 0.24, Neuron SDK 2.32). No official vllm-neuron
-release has the recurrent-cache path this shell needs (upstream proposes it as
-vllm-project/vllm-neuron PR #54; upstream ``main`` @ ``9fc042ea`` binds ``[k, v]`` per
-attention layer and refuses any other spec). Read at the pin:
+release has the recurrent-cache path this shell needs (upstream proposes it in
+https://github.com/vllm-project/vllm-neuron/pull/54, open; upstream ``main`` @ ``9fc042ea``
+binds ``[k, v]`` per attention layer and refuses any other spec). Read at the pin:
 
 - ``vllm_neuron/vllm/worker/neuron_model_runner.py``: ``get_kv_cache_spec`` turns
   ``KVSpec.recurrent_layers`` into vLLM ``MambaSpec``s; ``initialize_kv_cache`` gives a
