@@ -108,3 +108,35 @@ def test_every_tiny_model_over_more_buckets_and_compositions(tiny_model, model, 
     result = run_harness(model_dir, SLOW_WORKLOAD, dtype, prefill_buckets=(8, 64), decode_buckets=(2, 4),
                          num_gpu_blocks_override=40)
     check(result, model_dir, SLOW_WORKLOAD, getattr(torch, dtype))
+
+
+# (prompt length, new tokens, arrival step) at the published 2B dims: a one-token prompt, a prompt
+# chunked over the prefill bucket, one decoding while another prefills.
+REAL_DIMS_WORKLOAD = [(1, 4, 0), (17, 4, 0), (40, 3, 1)]
+REAL_DIMS_TIE_ULPS = 8  # tests/e2e/test_real_dims.py: 2048-wide hidden states, a 248,320-row head
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_real_dims_2b_checkpoint_on_the_runner(tiny_model, dtype):
+    """Qwen3.5-2B's per-layer dims (4 layers, random weights): the attention block grows to hold a
+    GDN state page, ids across the whole vocabulary; transformers runs first in a child process."""
+    model_dir = tiny_model("qwen3_5-2b-real")
+    vocab_size = 248_320
+    prompts = _prompts(REAL_DIMS_WORKLOAD, vocab_size)
+    new_tokens = max(n for _, n, _ in REAL_DIMS_WORKLOAD)
+    if dtype == "bfloat16":
+        expected = oracle.hf_greedy_with_fp32_in_subprocess(model_dir, prompts, new_tokens)
+    else:
+        expected = [(ids, logits, None) for ids, logits in
+                    oracle.hf_greedy_in_subprocess(model_dir, torch.float32, prompts, new_tokens)]
+    result = run_harness(model_dir, REAL_DIMS_WORKLOAD, dtype, vocab_size=vocab_size, num_gpu_blocks_override=8)
+    assert result["runner"].block_size > 32  # the hybrid alignment raised it
+    assert (result["warm_graphs"], result["graphs"], result["symbolic"], result["graph_breaks"]) == (2, 2, 0, 0)
+    assert result["host_reads"] == []
+    for got, (want, want_logits, fp32_logits), (_, n, _) in zip(result["ids"], expected, REAL_DIMS_WORKLOAD):
+        if dtype == "float32":
+            assert got == want[:n]
+        else:
+            oracle.assert_greedy_matches(got, want[:n], want_logits[:n], torch.bfloat16, tie_ulps=REAL_DIMS_TIE_ULPS,
+                                         fp32_logits=fp32_logits[:n])
