@@ -178,3 +178,17 @@ def test_the_host_read_scan_finds_host_reads():
     assert "nonzero" in found and "_local_scalar_dense" in found
     assert any(r.startswith("_to_copy(device=") for r in found)
     assert host_reads(make_fx(lambda x: (x * 2).index_select(0, torch.zeros(1, dtype=torch.long)))(torch.ones(3))) == []
+
+
+def test_the_runner_pin_is_the_same_everywhere_the_project_names_it():
+    """The image, the README's install step and both trn2 docs install / name the contract's commit."""
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    dockerfile = (repo / "docker" / "Dockerfile.trn2").read_text()
+    assert f"ARG VLLM_NEURON_REF={contract.VLLM_NEURON_COMMIT}" in dockerfile
+    assert f"ARG VLLM_NEURON_REPO={contract.VLLM_NEURON_REPOSITORY}" in dockerfile
+    readme = (repo / "README.md").read_text()
+    assert f"git+{contract.VLLM_NEURON_REPOSITORY}@{contract.VLLM_NEURON_COMMIT}" in readme
+    for doc in ("trn2.md", "neuron.md"):
+        assert contract.VLLM_NEURON_COMMIT in (repo / "docs" / doc).read_text(), doc
