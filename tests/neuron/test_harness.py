@@ -132,7 +132,7 @@ def test_real_dims_2b_checkpoint_on_the_runner(tiny_model, dtype):
     else:
         expected = [(ids, logits, None) for ids, logits in
                     spawnable_oracle.hf_greedy_in_subprocess(model_dir, torch.float32, prompts, new_tokens)]
-    result = run_harness(model_dir, REAL_DIMS_WORKLOAD, dtype, vocab_size=vocab_size, num_gpu_blocks_override=8)
+    result = run_harness(model_dir, REAL_DIMS_WORKLOAD, dtype, vocab_size=vocab_size, num_gpu_blocks_override=16)
     assert result["runner"].block_size > 32  # the hybrid alignment raised it
     assert (result["warm_graphs"], result["graphs"], result["symbolic"], result["graph_breaks"]) == (2, 2, 0, 0)
     assert result["host_reads"] == []
