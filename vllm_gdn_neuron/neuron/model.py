@@ -334,7 +334,7 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
     @staticmethod
     def _text_rope_positions(rotary_position_ids, positions) -> torch.Tensor:
         """``[T]``: the temporal row of ``[3, T]`` M-RoPE positions (all rows equal on text)."""
-        if rotary_position_ids.dim() != 2 or tuple(rotary_position_ids.shape) != (3, positions.shape[0]):
+        if tuple(rotary_position_ids.shape) != (3, positions.shape[0]):
             raise ValueError(f"rotary_position_ids must be [3, {positions.shape[0]}] (M-RoPE axes, tokens); "
                              f"got {list(rotary_position_ids.shape)}")
         return rotary_position_ids[0]
