@@ -1,43 +1,72 @@
-"""A CPU stand-in for vllm-neuron's model runner, driving the Neuron shell the way the pinned runner does.
+"""A CPU stand-in for vllm-neuron's model runner, built from that runner's own code paths.
 
-What it does, in the runner's order (see ``vllm_gdn_neuron.neuron.contract``):
+Read (facts only, no code copied): whn09/vllm-neuron @
+``7ea992789fa624ea6b0d7ad4cb0789e784863904`` (the fork's base is vllm-neuron
+``release-0.24.0.1.1.0``; upstream proposes the same recurrent-cache path in
+https://github.com/vllm-project/vllm-neuron/pull/54), ``vllm_neuron/vllm/worker/neuron_model_runner.py``:
 
-1. ``cls.from_configs(hf_config, neuron_config)`` under ``torch.device("meta")``, then
-   ``model.to_empty(device="cpu")`` and ``model.load_weights(model_dir, "cpu", None)``;
-2. ``torch.compile(model, fullgraph=True, dynamic=False, backend=<aot_eager, recording graphs>)``;
-3. ``model.get_kv_spec()`` -> pages -> ``model.bind_kv_cache({name: [pages]})``;
-4. each engine step: inputs padded to a bucket (padding tokens ``slot_mapping`` = the pad
-   sentinel, padded prefill positions repeat the last one), per-layer metadata dicts, the
-   forward returns the logits of ``sampling_positions``; greedy ids are taken on the host.
+- ``__init__``: ``NeuronConfig.from_dict(additional_config["neuron_config"])``; a
+  ``vision_neuron_config`` in ``additional_config`` switches ``load_model`` to the multimodal
+  ``from_configs`` form; async scheduling without on-device sampling raises.
+- ``load_model``: ``from_configs`` under ``torch.device("meta")``,
+  ``load_weights(model_path, device, download_dir)`` on the meta model, ``.to(device)``,
+  ``torch._dynamo.config.cache_size_limit = 2 ** 62``, then
+  ``torch.compile(model, backend=..., fullgraph=True, options=...)``: no ``dynamic=``.
+- ``get_kv_cache_spec`` / ``initialize_kv_cache``: :mod:`runner_cache`.
+- ``_prepare_model_input_impl``, ``_create_padded_inputs``, ``_compute_slot_mapping_cpu``,
+  ``_apply_decode_slot_mapping_padding``, ``_pad_to_compiled_shapes``,
+  ``_save_block_table_to_device`` / ``_remap_null_block_to_sentinel``,
+  ``_build_attention_metadata``: input ids int32; prefill padding ids 0 at the last real
+  position; decode padding ids and positions 0, sampling positions padded with the last
+  real one; slot ``block_table[row, pos // bs] * bs + pos % bs`` per cache group, padding
+  slots ``NULL_BLOCK_ID = 0``; the block table the model sees has vLLM's null block 0
+  replaced by ``-1``, and rows past the step's requests keep what earlier requests left.
+- ``_execute_model_forward``: the keywords below; ``rotary_position_ids`` only for an M-RoPE
+  config, ``inputs_embeds`` / ``is_token_ids`` only with prompt embeds enabled.
+- ``warmup_prefill`` / ``warmup_decode`` and their ``_build_*_synthetic_inputs`` /
+  ``_build_warmup_attention_metadata``: ids ``arange(1, n + 1)`` (prefill) or ones (decode),
+  positions ``arange(n)`` or ``context_len - 1 = 255``, block tables ``arange(W)`` per row,
+  slot mappings ``arange(T)``, a dummy ``sampling_params`` tensor, ``W`` rounded up to a
+  multiple of ``128 // block_size``. After warm-up the worker runs under
+  ``torch.compiler.set_stance("fail_on_recompile")`` (stated in the runner; the worker file
+  itself was not in the stored snapshot).
 
-The cache follows vLLM's hybrid planner: layers in cache groups of ``group_size`` layers
-of one kind, each group its own block table, block ids for all groups from one pool
-(block 0 is vLLM's null block), one page size for every layer (the hybrid alignment of
-``vllm_gdn_neuron.neuron.cache``), plus the runner's two reserved pages. Each layer gets
-its own page-major tensor (aot_autograd refuses in-place writes into two views of one
-input); to stand in for the bytes another group leaves in a shared page, every page a
-request frees is filled with NaNs before it is handed out again.
+The Neuron scheduler runs one prefill request per step, or a decode step of running
+requests; requests not scheduled in a step leave the persistent batch (vLLM's
+``InputBatch``) and come back at the lowest free row (:func:`serve`).
+
+The compile backend is a parameter (``backend=``): by default :class:`GraphRecorder`
+(``aot_eager``, keeping every graph); any callable ``(gm, example_inputs, options=None)``.
 """
 
 import dataclasses
 import math
 
+import numpy as np
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from vllm_gdn_neuron.neuron.cache import attention_bytes_per_token, hybrid_block_size, padded_state_page_elems
-from vllm_gdn_neuron.neuron.contract import NUM_RESERVED_PAGES
+import runner_cache
 from vllm_gdn_neuron.neuron.kv_spec import STAND_INS
 
+NULL_BLOCK_ID = 0
+PAD_SLOT_ID = -1
+WARMUP_CONTEXT_LEN = 256
+# torch.compile options the runner passes (the Neuron backend's; a CPU backend ignores them).
+COMPILE_OPTIONS = {"alias_meta_to_neuron": True, "compiler_args": ["--auto-cast=none"]}
 
-@dataclasses.dataclass
+
 class NeuronConfigStandIn:
-    """The pinned ``NeuronConfig`` fields the shell reads (``vllm_neuron/model/neuron_config.py``)."""
+    """``NeuronConfig.from_dict``: every key of ``additional_config["neuron_config"]`` as an
+    attribute, over defaults for the fields the runner and the shell read."""
 
-    on_device_sampling_config: object | None = None
-    quantization: str | None = None
-    num_batched_tokens_buckets: list[int] | None = None
-    num_seqs_buckets: list[int] | None = None
+    DEFAULTS = dict(on_device_sampling_config=None, quantization=None, num_batched_tokens_buckets=None,
+                    num_seqs_buckets=None, enable_structured_outputs=False, hlo2tensorizer_options=None,
+                    kv_segment_size_buckets=None, decode_context_length_buckets=None, lm_head_dp_size=1)
+
+    def __init__(self, values: dict | None = None, **fields) -> None:
+        for key, value in {**self.DEFAULTS, **(values or {}), **fields}.items():
+            setattr(self, key, value)
 
 
 class GraphRecorder:
@@ -52,7 +81,7 @@ class GraphRecorder:
         self.aten_graphs.append(gm)
         return gm
 
-    def __call__(self, gm, example_inputs):
+    def __call__(self, gm, example_inputs, options=None):
         self.dynamo_graphs.append(gm)
         return self._aot(gm, example_inputs)
 
@@ -60,14 +89,18 @@ class GraphRecorder:
 # ATen ops that read device values back to the host, or whose output shape depends on them.
 HOST_READ_OPS = frozenset({"_local_scalar_dense", "item", "nonzero", "nonzero_static", "unique", "_unique",
                            "_unique2", "unique_consecutive", "unique_dim", "masked_select", "argwhere"})
-
-
 # Tensor methods of a Dynamo graph that leave the device.
 HOST_READ_METHODS = frozenset({"item", "tolist", "cpu", "numpy", "nonzero", "unique"})
 
 
+def _device_of(node):
+    value = node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else None
+    return getattr(value, "device", None)
+
+
 def host_reads(graph_module) -> list[str]:
-    """Nodes of a Dynamo or ATen graph that read device data on the host, or copy a tensor to another device."""
+    """Nodes of a Dynamo or ATen graph that read device data on the host, or copy a tensor to another
+    device (a dtype cast that names its own device, as decompositions write them, is no copy)."""
     found = []
     for node in graph_module.graph.nodes:
         if node.op == "call_method" and node.target in HOST_READ_METHODS:
@@ -78,18 +111,49 @@ def host_reads(graph_module) -> list[str]:
         op = getattr(overload, "__name__", str(node.target))
         if op in HOST_READ_OPS:
             found.append(op)
-        if op in ("_to_copy", "copy", "to") and "device" in node.kwargs:
+        if op in ("_to_copy", "copy", "to") and "device" in node.kwargs and node.args \
+                and torch.device(node.kwargs["device"]) != _device_of(node.args[0]):
             found.append(f"{op}(device={node.kwargs['device']})")
     return found
 
 
+def symbolic_graphs(recorder: GraphRecorder) -> int:
+    """Dynamo graphs with a symbolic (dynamic) size among their inputs."""
+    count = 0
+    for gm in recorder.dynamo_graphs:
+        for node in gm.graph.nodes:
+            value = node.meta.get("example_value")
+            if node.op == "placeholder" and isinstance(value, (torch.SymInt, torch.Tensor)) and (
+                    isinstance(value, torch.SymInt) or any(isinstance(s, torch.SymInt) for s in value.shape)):
+                count += 1
+                break
+    return count
+
+
 @dataclasses.dataclass
+class EngineSettings:
+    """The vLLM engine arguments the runner reads (names as ``vllm serve`` spells them, with ``_``)."""
+
+    model: str
+    dtype: str = "float32"
+    max_model_len: int = 512
+    max_num_seqs: int = 4
+    block_size: int | None = None
+    num_gpu_blocks_override: int = 64
+    async_scheduling: bool = False
+    enable_prompt_embeds: bool = False
+    uses_mrope: bool = False
+    download_dir: str | None = None
+    additional_config: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(eq=False)
 class Request:
     prompt: list[int]
     max_new_tokens: int
     output: list[int] = dataclasses.field(default_factory=list)
     computed: int = 0  # tokens whose K/V and state are in the cache
-    blocks: dict = dataclasses.field(default_factory=dict)  # group -> list of block ids
+    blocks: dict = dataclasses.field(default_factory=dict)  # group index -> block ids
 
     @property
     def tokens(self) -> list[int]:
@@ -100,78 +164,163 @@ class Request:
         return len(self.output) >= self.max_new_tokens
 
 
-class HarnessRunner:
-    """Loads, compiles and serves one tiny checkpoint through the Neuron shell's contract.
+def block_table_width(max_model_len: int, block_size: int) -> int:
+    """Columns of a group's block table: ``cdiv(max_model_len, block_size)`` rounded up to a
+    multiple of ``128 // block_size`` (the runner's warm-up matches InputBatch's alignment)."""
+    width = math.ceil(max_model_len / block_size)
+    alignment = 128 // block_size if block_size <= 128 else 1
+    return math.ceil(width / alignment) * alignment
+
+
+class NeuronRunnerStandIn:
+    """The runner's start-up (``__init__``, :meth:`load_model`, :meth:`initialize_kv_cache`,
+    :meth:`warm_up`) and its steps (:meth:`prefill`, :meth:`decode`) on CPU.
 
     Args:
-        model_cls: the registered Neuron class (``from_configs`` factory).
-        model_dir: a Hugging Face checkpoint folder.
-        prefill_buckets: token counts of the compiled prefill graphs (one sequence each).
-        decode_buckets: row counts of the compiled decode graphs.
-        num_blocks: blocks in the shared pool (block 0 is the null block).
-        block_size: attention tokens per block before hybrid alignment (the planner may raise it).
-        max_model_len: the recurrent group's block size (one state block per sequence).
-        pad_slot: the padding sentinel of ``slot_mapping`` (0 = NULL_BLOCK_ID on the pinned
-            runner, -1 = PAD_SLOT_ID on older ones).
-        compile: compile each bucket (else eager, for debugging).
-        backend: the ``torch.compile`` backend (default: a :class:`GraphRecorder`); it must
-            keep ``dynamo_graphs`` and ``aten_graphs`` like the recorder.
+        model_cls: the class vLLM's registry resolves (its ``from_configs`` builds the model).
+        settings: the engine settings.
+        backend: the compile backend (default: a fresh :class:`GraphRecorder`).
+        compile: compile (the runner always does); False runs eagerly, for debugging.
     """
 
-    def __init__(self, model_cls, model_dir, *, dtype="float32", prefill_buckets=(16, 64), decode_buckets=(4,),
-                 num_blocks=64, block_size=16, max_model_len=512, pad_slot=0, compile=True,
-                 backend=None) -> None:
+    def __init__(self, model_cls, settings: EngineSettings, *, backend=None, compile: bool = True) -> None:
+        self.settings = settings
+        self.neuron_config = NeuronConfigStandIn(dict(settings.additional_config.get("neuron_config", {})))
+        vision = settings.additional_config.get("vision_neuron_config")
+        self.vision_neuron_config = None if vision is None else dict(vision)
+        if settings.async_scheduling and self.neuron_config.on_device_sampling_config is None:
+            raise RuntimeError("On-device sampling must be enabled for async execution")
+        if not self.neuron_config.num_batched_tokens_buckets or not self.neuron_config.num_seqs_buckets:
+            raise ValueError("the harness needs num_batched_tokens_buckets and num_seqs_buckets in neuron_config")
+        self.prefill_buckets = sorted(self.neuron_config.num_batched_tokens_buckets)
+        self.decode_buckets = sorted(self.neuron_config.num_seqs_buckets)
+        self.model_cls = model_cls
+        self.recorder = backend if backend is not None else GraphRecorder()
+        self.compile = compile
+        self.rank_tensor = torch.tensor(0, dtype=torch.int32)
+
+    # --- load_model ---------------------------------------------------------------------------
+
+    def load_model(self, tp_rank: int = 0) -> None:
         import transformers
 
-        hf_config = transformers.AutoConfig.from_pretrained(model_dir)
+        hf_config = transformers.AutoConfig.from_pretrained(self.settings.model)
         text = getattr(hf_config, "text_config", None) or hf_config
-        text.dtype = getattr(torch, dtype)
-        self.neuron_config = NeuronConfigStandIn(num_batched_tokens_buckets=list(prefill_buckets),
-                                                 num_seqs_buckets=list(decode_buckets))
+        text.dtype = getattr(torch, self.settings.dtype)
+        self.model_dtype = text.dtype
+        self.rank_tensor = torch.tensor(tp_rank, dtype=torch.int32)
         with torch.device("meta"):
-            model = model_cls.from_configs(hf_config, self.neuron_config)
-        model.to_empty(device="cpu")
-        model.load_weights(model_dir, torch.device("cpu"), None)
-        self.model = model.eval()
-        self.prefill_buckets, self.decode_buckets = sorted(prefill_buckets), sorted(decode_buckets)
-        self.max_model_len, self.pad_slot = max_model_len, pad_slot
-        self.recorder = backend if backend is not None else GraphRecorder()
-        torch._dynamo.reset()  # a fresh compile cache, as in a new runner process
-        self.forward = (torch.compile(self.model, fullgraph=True, dynamic=False, backend=self.recorder)
-                        if compile else self.model)
-        self._allocate(num_blocks, block_size)
+            if self.vision_neuron_config is not None:
+                model = self.model_cls.from_configs(hf_config=hf_config, text_neuron_config=self.neuron_config,
+                                                    vision_neuron_config=self.vision_neuron_config)
+            else:
+                model = self.model_cls.from_configs(hf_config, self.neuron_config)
+        model.load_weights(self.settings.model, torch.device("cpu"), self.settings.download_dir)
+        self.model = model.to(torch.device("cpu"))
+        torch._dynamo.reset()  # a fresh compile cache, as in a new worker process
+        torch._dynamo.config.cache_size_limit = 2**62
+        self.forward = (torch.compile(self.model, backend=self.recorder, fullgraph=True, options=COMPILE_OPTIONS)
+                        if self.compile else self.model)
 
-    # --- cache ------------------------------------------------------------------------------
+    # --- cache --------------------------------------------------------------------------------
 
-    def _allocate(self, num_blocks: int, block_size: int) -> None:
-        spec = self.model.get_kv_spec()
-        attention, recurrent = spec.layers, spec.recurrent_layers
-        token_bytes = attention_bytes_per_token(attention[0].num_kv_heads, attention[0].head_size, attention[0].dtype)
-        state_bytes = sum(math.prod(s) * d.itemsize for s, d in zip(recurrent[0].shapes, recurrent[0].dtypes))
-        self.block_size = max(block_size, hybrid_block_size(token_bytes, state_bytes, block_size))
-        page_bytes = self.block_size * token_bytes
-        state_elems = padded_state_page_elems(self.block_size, token_bytes)
-        self.num_pages = num_blocks + NUM_RESERVED_PAGES
-        # vLLM's grouping: groups of group_size layers of one kind.
-        group_size = min(len(attention), len(recurrent))
-        self.groups = {}
-        for kind, layers in (("attention", attention), ("recurrent", recurrent)):
-            for start in range(0, len(layers), group_size):
-                self.groups[f"{kind}{start // group_size}"] = [layer.name for layer in layers[start:start + group_size]]
-        caches = {}
-        for group, names in self.groups.items():
-            for name in names:
-                if group.startswith("attention"):
-                    a = attention[0]
-                    view = torch.zeros(self.num_pages, 2, a.num_kv_heads, self.block_size, a.head_size, dtype=a.dtype)
-                else:
-                    view = torch.zeros(self.num_pages, state_elems, dtype=torch.float32)
-                if view.numel() * view.element_size() != self.num_pages * page_bytes:
-                    raise AssertionError(f"{name}: page of {view[0].numel() * view.element_size()} bytes, not {page_bytes}")
-                caches[name] = [view]
-        self.caches = caches
-        self.model.bind_kv_cache(caches)
-        self.free_blocks = list(range(1, num_blocks))  # block 0: vLLM's null block
+    def get_kv_cache_spec(self) -> dict:
+        kv_spec = self.model.get_kv_spec()
+        self.block_size, padded = runner_cache.align_hybrid_pages(kv_spec, self.settings.block_size, self.model_dtype)
+        self.mamba_block_size = self.settings.max_model_len
+        return runner_cache.cache_specs(kv_spec, self.block_size, self.mamba_block_size, padded, self.model_dtype)
+
+    def initialize_kv_cache(self, specs: dict) -> None:
+        num_blocks = self.settings.num_gpu_blocks_override + 1  # vLLM adds the null block
+        self.groups, self.cache_tensors = runner_cache.plan_groups(specs, num_blocks)
+        self.caches = runner_cache.initialize_kv_cache(self.model, self.groups, self.cache_tensors)
+        self.free_blocks = list(range(1, num_blocks))
+        self.widths = [block_table_width(self.settings.max_model_len, g.spec.block_size) for g in self.groups]
+        # The persistent batch: one block-table row per slot, kept across steps (stale rows included).
+        self.tables = [np.zeros((self.settings.max_num_seqs, w), dtype=np.int32) for w in self.widths]
+        self.batch: list[Request] = []
+
+    def start(self) -> None:
+        """``load_model`` -> ``get_kv_cache_spec`` -> ``initialize_kv_cache`` -> warm-up of every bucket."""
+        self.load_model()
+        self.initialize_kv_cache(self.get_kv_cache_spec())
+        self.warm_up()
+
+    # --- warm-up ------------------------------------------------------------------------------
+
+    def _warmup_metadata(self, num_tokens: int, num_reqs: int) -> dict:
+        metadata = {}
+        for group, width in zip(self.groups, self.widths):
+            full = math.ceil(self.settings.max_model_len / group.spec.block_size)
+            entry = dict(
+                block_table_tensor=torch.arange(width, dtype=torch.int32)[None].expand(num_reqs, -1).contiguous(),
+                slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
+                max_query_len=num_tokens // num_reqs, block_size=group.spec.block_size, max_blocks_per_seq=width,
+                decode_token_threshold=1, cached_seq_len=torch.tensor([[0]], dtype=torch.int32),
+                kv_segment_size=0,
+                full_block_table_tensor=torch.arange(full, dtype=torch.int32)[None].expand(num_reqs, -1).contiguous(),
+            )
+            for name in group.layer_names:
+                metadata[name] = entry
+        return metadata
+
+    def warm_up(self) -> None:
+        """Every prefill bucket, then every decode bucket, on the runner's synthetic inputs."""
+        for bucket in self.prefill_buckets:
+            positions = torch.arange(bucket, dtype=torch.int64)
+            self._call(torch.arange(1, bucket + 1, dtype=torch.int32), positions, self._warmup_metadata(bucket, 1),
+                       torch.tensor([bucket - 1]), torch.tensor([[0, 1.0, 1.0]]))
+        for bucket in self.decode_buckets:
+            positions = torch.full((bucket,), WARMUP_CONTEXT_LEN - 1, dtype=torch.int64)
+            self._call(torch.ones(bucket, dtype=torch.int32), positions, self._warmup_metadata(bucket, bucket),
+                       torch.arange(bucket), torch.tensor([[0, 1.0, 1.0]] * bucket))
+
+    def _call(self, input_ids, positions, metadata, sampling_positions, sampling_params=None):
+        kwargs = dict(input_ids=input_ids, positions=positions, attn_metadata=metadata,
+                      sampling_positions=sampling_positions, sampling_params=sampling_params,
+                      spec_decode_metadata=None, rank=self.rank_tensor, logit_mask=self._noop_logit_mask(
+                          sampling_positions.shape[0]))
+        if self.settings.uses_mrope:  # text only: the three rows equal the 1-D positions
+            kwargs["rotary_position_ids"] = positions[None].expand(3, -1).contiguous()
+        if self.settings.enable_prompt_embeds:
+            kwargs["inputs_embeds"] = torch.zeros(input_ids.shape[0], self.model.config.hidden_size,
+                                                  dtype=torch.bfloat16)
+            kwargs["is_token_ids"] = torch.ones(input_ids.shape[0], dtype=torch.bool)
+        return self.forward(**kwargs)
+
+    def _noop_logit_mask(self, rows: int):
+        if not self.neuron_config.enable_structured_outputs:
+            return None
+        return torch.ones(rows, self.model.config.vocab_size, dtype=torch.bool)
+
+    # --- the persistent batch and block tables --------------------------------------------------
+
+    def _schedule(self, requests: list[Request]) -> None:
+        """vLLM's ``_update_states``: unscheduled requests leave, new ones take the lowest free row,
+        the batch is condensed (the last rows move into the holes, their written columns copied)."""
+        rows: list = [r if r in requests else None for r in self.batch]
+        for request in requests:
+            if request not in rows:
+                slot = rows.index(None) if None in rows else len(rows)
+                if slot == len(rows):
+                    rows.append(None)
+                rows[slot] = request
+                self._write_row(slot, request)
+        while None in rows:
+            hole = rows.index(None)
+            last = max(i for i, r in enumerate(rows) if r is not None) if any(rows) else -1
+            if last < hole:
+                break
+            for g, table in enumerate(self.tables):
+                n = len(rows[last].blocks.get(g, []))
+                table[hole, :n] = table[last, :n]
+            rows[hole], rows[last] = rows[last], None
+        self.batch = [r for r in rows if r is not None]
+
+    def _write_row(self, row: int, request: Request) -> None:
+        for g, table in enumerate(self.tables):
+            blocks = request.blocks.get(g, [])
+            table[row, : len(blocks)] = blocks
 
     def _take_block(self) -> int:
         if not self.free_blocks:
@@ -179,101 +328,72 @@ class HarnessRunner:
         return self.free_blocks.pop(0)
 
     def _ensure_blocks(self, request: Request, upto: int) -> None:
-        for group in self.groups:
-            blocks = request.blocks.setdefault(group, [])
-            need = math.ceil(upto / self.block_size) if group.startswith("attention") else 1
+        for g, group in enumerate(self.groups):
+            blocks = request.blocks.setdefault(g, [])
+            need = math.ceil(upto / group.spec.block_size)
             while len(blocks) < need:
                 blocks.append(self._take_block())
+        if request in self.batch:
+            self._write_row(self.batch.index(request), request)
 
     def release(self, request: Request) -> None:
-        """Free the request's blocks; their pages are poisoned (NaN) in every layer's cache."""
+        """Free the request's blocks (handed out next, to whichever group asks first); its row stays stale."""
         for blocks in request.blocks.values():
-            pages = torch.tensor(blocks)
-            for (view,) in self.caches.values():
-                view.index_fill_(0, pages, float("nan"))
-            self.free_blocks[:0] = blocks  # handed out next, to whichever group asks first
+            self.free_blocks[:0] = blocks
         request.blocks.clear()
 
-    def warm_up(self) -> None:
-        """Run every bucket once on padding only (what the runner does before it refuses recompiles)."""
-        for bucket in self.prefill_buckets:
-            self._step(torch.zeros(bucket, dtype=torch.int64), torch.zeros(bucket, dtype=torch.int64),
-                       self._metadata([None], [None] * bucket, bucket, self._max_blocks), torch.tensor([0]))
-        for bucket in self.decode_buckets:
-            self._step(torch.zeros(bucket, dtype=torch.int64), torch.zeros(bucket, dtype=torch.int64),
-                       self._metadata([None] * bucket, [None] * bucket, 1, self._max_blocks), torch.arange(bucket))
-
-    @property
-    def _max_blocks(self) -> int:
-        return math.ceil(self.max_model_len / self.block_size)
-
-    def _step(self, input_ids, positions, metadata, sampling_positions):
-        return self.forward(input_ids=input_ids, positions=positions, attn_metadata=metadata,
-                            sampling_positions=sampling_positions, sampling_params=None, spec_decode_metadata=None,
-                            logit_mask=None, rank=torch.tensor(0), inputs_embeds=None, is_token_ids=None)
-
-    # --- steps ------------------------------------------------------------------------------
-
-    def _slot(self, group: str, request: Request, position: int) -> int:
-        if group.startswith("attention"):
-            block = request.blocks[group][position // self.block_size]
-            return block * self.block_size + position % self.block_size
-        return request.blocks[group][0] * self.max_model_len + position % self.max_model_len
-
-    def _metadata(self, rows, tokens, max_query_len, max_blocks):
-        """Per-layer dicts; layers of one group share one dict (as the runner shares one builder)."""
+    def _metadata(self, num_reqs_padded: int, tokens: list, max_query_len: int) -> dict:
+        """Per-group metadata dicts of a step (``tokens``: ``(row, position)`` or None for padding)."""
         metadata = {}
-        for group, names in self.groups.items():
-            width = max_blocks if group.startswith("attention") else 1
-            table = torch.zeros(len(rows), width, dtype=torch.int32)
-            for r, request in enumerate(rows):
-                if request is not None:
-                    blocks = request.blocks[group][:width]
-                    table[r, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            slots = torch.full((len(tokens),), self.pad_slot, dtype=torch.int64)
-            for t, entry in enumerate(tokens):
-                if entry is not None:
-                    slots[t] = self._slot(group, *entry)
-            entry = dict(block_table_tensor=table, slot_mapping=slots, max_query_len=max_query_len,
-                         decode_token_threshold=1, block_size=self.block_size if group.startswith("attention")
-                         else self.max_model_len)
-            for name in names:
+        cached = max((r.computed for r in self.batch), default=0)
+        for g, group in enumerate(self.groups):
+            bs = group.spec.block_size
+            table = self.tables[g]
+            slots = torch.tensor([int(table[row, pos // bs]) * bs + pos % bs if entry is not None else NULL_BLOCK_ID
+                                  for entry in tokens for row, pos in [entry or (0, 0)]], dtype=torch.int64)
+            device_table = torch.from_numpy(table[:num_reqs_padded].copy())
+            device_table = torch.where(device_table == NULL_BLOCK_ID, torch.full_like(device_table, PAD_SLOT_ID),
+                                       device_table)
+            entry = dict(block_table_tensor=device_table, slot_mapping=slots, max_query_len=max_query_len,
+                         block_size=bs, max_blocks_per_seq=self.widths[g], decode_token_threshold=1,
+                         cached_seq_len=torch.tensor([[cached]], dtype=torch.int32), kv_segment_size=0,
+                         full_block_table_tensor=device_table.clone())
+            for name in group.layer_names:
                 metadata[name] = entry
         return metadata
 
+    # --- steps --------------------------------------------------------------------------------
+
     def prefill(self, request: Request, chunk: int) -> int | None:
-        """Prefill the next ``chunk`` tokens of ``request`` (one sequence, bucket-padded); its next id
+        """The next ``chunk`` prompt tokens of ``request`` alone, padded to a prefill bucket; its next id
         when the prompt is complete."""
         start, stop = request.computed, request.computed + chunk
         bucket = next(b for b in self.prefill_buckets if b >= chunk)
         self._ensure_blocks(request, stop)
-        ids = request.tokens[start:stop]
-        positions = list(range(start, stop))
+        self._schedule([request])
         pad = bucket - chunk
-        input_ids = torch.tensor(ids + [0] * pad, dtype=torch.int64)
-        positions = torch.tensor(positions + [positions[-1]] * pad, dtype=torch.int64)
-        tokens = [(request, p) for p in range(start, stop)] + [None] * pad
-        metadata = self._metadata([request], tokens, bucket, self._max_blocks)
-        logits = self._step(input_ids, positions, metadata, torch.tensor([chunk - 1]))
+        input_ids = torch.tensor(request.tokens[start:stop] + [0] * pad, dtype=torch.int32)
+        positions = torch.tensor(list(range(start, stop)) + [stop - 1] * pad, dtype=torch.int64)
+        tokens = [(0, p) for p in range(start, stop)] + [None] * pad
+        logits = self._call(input_ids, positions, self._metadata(1, tokens, bucket), torch.tensor([chunk - 1]))
         request.computed = stop
-        if stop == len(request.tokens):
-            return int(logits[0].argmax())
-        return None
+        return int(logits[0].argmax()) if stop == len(request.tokens) else None
 
     def decode(self, requests: list[Request]) -> list[int]:
-        """One decode step of ``requests`` (each with one pending token), padded to a bucket; their next ids."""
+        """One decode step of ``requests`` (one pending token each), padded to a decode bucket."""
         bucket = next(b for b in self.decode_buckets if b >= len(requests))
-        rows = list(requests) + [None] * (bucket - len(requests))
         for request in requests:
             self._ensure_blocks(request, request.computed + 1)
-        input_ids = torch.tensor([r.tokens[r.computed] for r in requests] + [0] * (bucket - len(requests)))
-        positions = torch.tensor([r.computed for r in requests] + [0] * (bucket - len(requests)))
-        tokens = [(r, r.computed) for r in requests] + [None] * (bucket - len(requests))
-        metadata = self._metadata(rows, tokens, 1, self._max_blocks)
-        logits = self._step(input_ids, positions, metadata, torch.arange(bucket))
+        self._schedule(requests)
+        n, pad = len(requests), bucket - len(requests)
+        input_ids = torch.tensor([r.tokens[r.computed] for r in self.batch] + [0] * pad, dtype=torch.int32)
+        positions = torch.tensor([r.computed for r in self.batch] + [0] * pad, dtype=torch.int64)
+        tokens = [(row, r.computed) for row, r in enumerate(self.batch)] + [None] * pad
+        sampling = torch.tensor(list(range(n)) + [n - 1] * pad)
+        logits = self._call(input_ids, positions, self._metadata(bucket, tokens, 1), sampling)
         for request in requests:
             request.computed += 1
-        return [int(i) for i in logits[: len(requests)].argmax(-1)]
+        return [int(logits[self.batch.index(r)].argmax()) for r in requests]
 
 
 def stand_ins_in_use() -> bool:
@@ -281,18 +401,13 @@ def stand_ins_in_use() -> bool:
     return STAND_INS
 
 
-def serve(runner: HarnessRunner, prompts, max_new_tokens, arrivals) -> tuple[list[list[int]], list[tuple]]:
-    """Serve requests arriving over time: one prefill chunk per step while one is pending, else a decode
-    step of every running request (batches of the largest decode bucket).
-
-    Args:
-        prompts: token ids per request.
-        max_new_tokens: greedy tokens per request (requests finish at different steps).
-        arrivals: the step at which each request arrives (new requests join running ones).
+def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals) -> tuple[list[list[int]], list[tuple]]:
+    """Serve requests arriving over time the Neuron scheduler's way: one prefill chunk of one request
+    per step while one is pending, else decode steps of every running request (batches of the
+    largest decode bucket).
 
     Returns:
-        ``(ids per request, the step compositions)``: each composition is ``("prefill", chunk,
-        context)`` or ``("decode", rows)``.
+        ``(ids per request, the step compositions)``: ``("prefill", chunk, context)`` or ``("decode", rows)``.
     """
     requests = [Request(list(p), n) for p, n in zip(prompts, max_new_tokens)]
     pending = sorted(range(len(requests)), key=lambda i: arrivals[i])

@@ -29,13 +29,15 @@ def test_the_spec_classes_are_stand_ins_with_the_pinned_fields():
     assert _fields(kv_spec.RecurrentLayerSpec) == [("name", "required"), ("shapes", "required"), ("dtypes", "required")]
     assert [f.name for f in dataclasses.fields(kv_spec.KVSpec)] == ["layers", "recurrent_layers"]
     assert kv_spec.KVSpec(layers=[]).recurrent_layers == []
-    assert "aa9b76b7" in contract.VLLM_NEURON_PIN
+    assert contract.VLLM_NEURON_COMMIT.startswith("7ea99278") and "whn09/vllm-neuron" in contract.VLLM_NEURON_PIN
 
 
 def test_the_harness_neuron_config_uses_pinned_field_names_only():
     pinned = {"on_device_sampling_config", "quantization", "num_batched_tokens_buckets", "num_seqs_buckets",
-              "ep_degree", "max_logprobs", "kv_segment_size_buckets", "decode_context_length_buckets"}
-    assert {f.name for f in dataclasses.fields(NeuronConfigStandIn)} <= pinned
+              "enable_structured_outputs", "hlo2tensorizer_options", "kv_segment_size_buckets",
+              "decode_context_length_buckets", "lm_head_dp_size"}
+    assert set(NeuronConfigStandIn.DEFAULTS) <= pinned
+    assert NeuronConfigStandIn({"num_seqs_buckets": [4], "extra": 1}).extra == 1  # from_dict keeps every key
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def dense(tiny_model):
     folder = tiny_model("qwen3_5-dense")
     hf_config = transformers.AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
-        model = Qwen3_5NeuronForCausalLM.from_configs(hf_config, NeuronConfigStandIn())
+        model = Qwen3_5NeuronForCausalLM.from_configs(hf_config, NeuronConfigStandIn({}))
     return hf_config, model
 
 
@@ -150,15 +152,18 @@ def test_forward_takes_exactly_the_runners_keywords():
     assert tuple(params) == contract.FORWARD_KEYWORDS
 
 
-def test_the_harness_passes_every_metadata_key_the_shell_reads(dense):
-    from runner import HarnessRunner
+def test_the_harness_passes_every_metadata_key_the_shell_reads(tiny_model):
+    from runner import EngineSettings, NeuronRunnerStandIn
 
-    runner = HarnessRunner.__new__(HarnessRunner)
-    runner.groups = {"attention0": ["a"], "recurrent0": ["r"]}
-    runner.block_size, runner.max_model_len, runner.pad_slot = 32, 512, 0
-    metadata = runner._metadata([None], [None] * 4, 4, 16)
-    for entry in metadata.values():
-        assert set(contract.METADATA_KEYS) <= set(entry)
+    settings = EngineSettings(model=tiny_model("qwen3_5-dense"), additional_config={"neuron_config": dict(
+        num_batched_tokens_buckets=[16], num_seqs_buckets=[2])})
+    runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=False)
+    runner.load_model()
+    runner.initialize_kv_cache(runner.get_kv_cache_spec())
+    for metadata in (runner._warmup_metadata(16, 1), runner._metadata(2, [None, None], 1)):
+        for entry in metadata.values():
+            assert set(contract.METADATA_KEYS) <= set(entry)
+        assert set(metadata) == {n for g in runner.groups for n in g.layer_names}
 
 
 def test_the_host_read_scan_finds_host_reads():
@@ -173,3 +178,17 @@ def test_the_host_read_scan_finds_host_reads():
     assert "nonzero" in found and "_local_scalar_dense" in found
     assert any(r.startswith("_to_copy(device=") for r in found)
     assert host_reads(make_fx(lambda x: (x * 2).index_select(0, torch.zeros(1, dtype=torch.long)))(torch.ones(3))) == []
+
+
+def test_the_runner_pin_is_the_same_everywhere_the_project_names_it():
+    """The image, the README's install step and both trn2 docs install / name the contract's commit."""
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    dockerfile = (repo / "docker" / "Dockerfile.trn2").read_text()
+    assert f"ARG VLLM_NEURON_REF={contract.VLLM_NEURON_COMMIT}" in dockerfile
+    assert f"ARG VLLM_NEURON_REPO={contract.VLLM_NEURON_REPOSITORY}" in dockerfile
+    readme = (repo / "README.md").read_text()
+    assert f"git+{contract.VLLM_NEURON_REPOSITORY}@{contract.VLLM_NEURON_COMMIT}" in readme
+    for doc in ("trn2.md", "neuron.md"):
+        assert contract.VLLM_NEURON_COMMIT in (repo / "docs" / doc).read_text(), doc

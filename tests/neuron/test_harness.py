@@ -1,19 +1,21 @@
-"""The Neuron shell driven as vllm-neuron's runner drives it, compiled per bucket, against transformers.
+"""The Neuron shell started and served by the runner stand-in (``runner.py``), against transformers.
 
-Each case: ``from_configs`` on meta -> ``to_empty`` -> ``load_weights`` -> ``get_kv_spec`` ->
-allocate -> ``bind_kv_cache``; every bucket compiled with ``torch.compile(fullgraph=True,
-dynamic=False)`` on ``aot_eager`` and warmed up on padding; then, under
+Each case: the runner's start-up (meta ``from_configs`` -> ``load_weights`` -> ``.to`` ->
+``torch.compile`` with the runner's own arguments -> ``get_kv_cache_spec`` with the platform's
+hybrid page alignment -> one shared int8 buffer per cache tensor and dtype views ->
+``bind_kv_cache`` -> warm-up of every bucket on the runner's synthetic inputs), then, under
 ``torch.compiler.set_stance("fail_on_recompile")``, requests of different lengths arrive
-while others decode, finish at different steps and hand their (poisoned) blocks to the
-next. Measured: graphs compiled (one per bucket, none after warm-up), graph breaks (none),
-host reads in any ATen graph (none), and greedy ids (equal to transformers', fp32).
+while others decode, finish at different steps and hand their blocks (and their stale
+block-table rows) to the next. Measured: graphs (one per bucket, all static, none after
+warm-up), graph breaks (none), host reads in any ATen graph (none), greedy ids (equal to
+transformers' in fp32; under the bf16 tie rule in bf16).
 """
 
 import pytest
 import torch
 
 from neuron_testing import oracle
-from runner import HarnessRunner, host_reads, serve
+from runner import EngineSettings, NeuronRunnerStandIn, host_reads, serve, symbolic_graphs
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
 # (prompt length, new tokens, arrival step): one-token prompts, prompts longer than the
@@ -27,52 +29,116 @@ def _prompts(workload, vocab_size=512, seed=0):
     return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n, _, _ in workload]
 
 
-def run_harness(model_dir, workload, dtype="float32", **runner_kwargs):
-    """Serve ``workload`` through the compiled shell; return the ids and what was measured."""
-    runner = HarnessRunner(Qwen3_5NeuronForCausalLM, model_dir, dtype=dtype, **runner_kwargs)
-    runner.warm_up()
+def settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine):
+    neuron_config = dict(on_device_sampling_config=None, num_batched_tokens_buckets=list(prefill_buckets),
+                         num_seqs_buckets=list(decode_buckets))
+    return EngineSettings(model=model_dir, dtype=dtype, max_num_seqs=max(decode_buckets),
+                          additional_config={"neuron_config": neuron_config}, **engine)
+
+
+def run_harness(model_dir, workload, dtype="float32", prefill_buckets=(32,), decode_buckets=(4,), vocab_size=512,
+                model_cls=Qwen3_5NeuronForCausalLM, **engine):
+    """Start the runner stand-in, serve ``workload``; return the ids and what was measured."""
+    runner = NeuronRunnerStandIn(model_cls, settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine))
+    runner.start()
     buckets = len(runner.prefill_buckets) + len(runner.decode_buckets)
-    assert len(runner.recorder.dynamo_graphs) == buckets  # one graph per bucket, fullgraph
+    warm_graphs = len(runner.recorder.dynamo_graphs)
     torch._dynamo.utils.counters.clear()
-    prompts = _prompts(workload)
+    prompts = _prompts(workload, vocab_size)
     with torch.compiler.set_stance("fail_on_recompile"):
         ids, steps = serve(runner, prompts, [n for _, n, _ in workload], [a for _, _, a in workload])
     return dict(
-        ids=ids,
-        prompts=prompts,
-        steps=steps,
-        graphs=len(runner.recorder.dynamo_graphs),
-        buckets=buckets,
+        ids=ids, prompts=prompts, steps=steps, buckets=buckets, warm_graphs=warm_graphs, runner=runner,
+        graphs=len(runner.recorder.dynamo_graphs), symbolic=symbolic_graphs(runner.recorder),
         graph_breaks=sum(torch._dynamo.utils.counters["graph_break"].values()),
         host_reads=[r for g in runner.recorder.dynamo_graphs + runner.recorder.aten_graphs for r in host_reads(g)],
     )
 
 
-def check(result, model_dir, workload, dtype=torch.float32):
-    assert result["graphs"] == result["buckets"], "a batch composition recompiled"
+def check(result, model_dir, workload, dtype=torch.float32, tie_ulps=oracle.BF16_TIE_ULPS):
+    assert result["warm_graphs"] == result["buckets"], "warm-up did not trace one graph per bucket"
+    assert result["graphs"] == result["buckets"], "a step recompiled after warm-up"
+    assert result["symbolic"] == 0, "a bucket was traced with symbolic sizes"
     assert result["graph_breaks"] == 0
     assert result["host_reads"] == []
     kinds = {step[0] for step in result["steps"]}
     assert kinds == {"prefill", "decode"} and len(result["steps"]) >= 2 * len(workload)
     for prompt, got, (_, new_tokens, _) in zip(result["prompts"], result["ids"], workload):
-        want, _ = oracle.hf_greedy(model_dir, dtype, prompt, new_tokens)
-        assert got == want, (len(prompt), got, want)
+        want, want_logits = oracle.hf_greedy(model_dir, dtype, prompt, new_tokens)
+        if dtype == torch.float32:
+            assert got == want, (len(prompt), got, want)
+        else:
+            oracle.assert_greedy_matches(got, want, want_logits, dtype, tie_ulps=tie_ulps)
 
 
-def test_dense_model_compiled_per_bucket_serves_transformers_ids(tiny_model):
+def test_shared_layout_is_one_int8_buffer_per_cache_tensor_with_dtype_views(tiny_model):
+    """What the runner allocates for the hybrid model: every buffer shared by one layer of each group."""
+    runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM,
+                                 settings_for(tiny_model("qwen3_5-dense"), "bfloat16", (32,), (4,)), compile=False)
+    runner.load_model()
+    runner.initialize_kv_cache(runner.get_kv_cache_spec())
+    assert len(runner.groups) >= 2 and {g.is_attention for g in runner.groups} == {True, False}
+    bound = {layer.mixer.layer_name: getattr(layer.mixer, "kv_pages", None) or layer.mixer.state_pages
+             for layer in runner.model.model.layers}
+    for tensor in runner.cache_tensors:
+        views = [runner.caches[name][0] for name in tensor.shared_by]
+        assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+        roots = {id(bound[name].root) for name in tensor.shared_by}  # one graph input per allocation
+        assert len(roots) == 1 and bound[tensor.shared_by[0]].root.dtype == torch.int8
+        assert len(tensor.shared_by) == len(runner.groups) or tensor is runner.cache_tensors[-1]
+    dtypes = {v[0].dtype for v in runner.caches.values()}
+    assert dtypes == {torch.bfloat16, torch.float32}
+    assert runner.block_size % 32 == 0
+
+
+def test_dense_model_in_bf16_on_the_shared_layout_serves_transformers_ids(tiny_model):
+    """The fast case: bf16 K/V and float32 state views of the same buffers (fp32: the slow cases)."""
     model_dir = tiny_model("qwen3_5-dense")
-    result = run_harness(model_dir, FAST_WORKLOAD, prefill_buckets=(32,), decode_buckets=(4,), num_blocks=24)
-    check(result, model_dir, FAST_WORKLOAD)
+    result = run_harness(model_dir, FAST_WORKLOAD, "bfloat16", num_gpu_blocks_override=24)
+    check(result, model_dir, FAST_WORKLOAD, torch.bfloat16)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "pad_slot"), [
-    ("qwen3_5-dense", 0), ("qwen3_5-dense", -1), ("qwen3_5-moe", 0), ("qwen3-next", 0), ("qwen3_5-vl", 0),
-    ("qwen3_5-moe-vl", -1),
-])
-def test_every_tiny_model_over_more_buckets_and_compositions(tiny_model, model, pad_slot):
-    """Two prefill and two decode buckets; ``pad_slot`` 0 (the pinned runner's NULL_BLOCK_ID) or -1."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
+def test_every_tiny_model_over_more_buckets_and_compositions(tiny_model, model, dtype):
+    """Two prefill and two decode buckets (the runner's default auto-dynamic compile would make the
+    second of each symbolic)."""
     model_dir = tiny_model(model)
-    result = run_harness(model_dir, SLOW_WORKLOAD, prefill_buckets=(8, 64), decode_buckets=(2, 4),
-                         num_blocks=40, pad_slot=pad_slot)
-    check(result, model_dir, SLOW_WORKLOAD)
+    result = run_harness(model_dir, SLOW_WORKLOAD, dtype, prefill_buckets=(8, 64), decode_buckets=(2, 4),
+                         num_gpu_blocks_override=40)
+    check(result, model_dir, SLOW_WORKLOAD, getattr(torch, dtype))
+
+
+# (prompt length, new tokens, arrival step) at the published 2B dims: a one-token prompt, a prompt
+# chunked over the prefill bucket, one decoding while another prefills.
+REAL_DIMS_WORKLOAD = [(1, 4, 0), (17, 4, 0), (40, 3, 1)]
+REAL_DIMS_TIE_ULPS = 8  # tests/e2e/test_real_dims.py: 2048-wide hidden states, a 248,320-row head
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_real_dims_2b_checkpoint_on_the_runner(tiny_model, dtype):
+    """Qwen3.5-2B's per-layer dims (4 layers, random weights): the attention block grows to hold a
+    GDN state page, ids across the whole vocabulary; transformers runs first in a child process."""
+    import oracle as spawnable_oracle  # tests/e2e's oracle under its own name: a spawned child imports it
+
+    model_dir = tiny_model("qwen3_5-2b-real")
+    vocab_size = 248_320
+    prompts = _prompts(REAL_DIMS_WORKLOAD, vocab_size)
+    new_tokens = max(n for _, n, _ in REAL_DIMS_WORKLOAD)
+    if dtype == "bfloat16":
+        expected = spawnable_oracle.hf_greedy_with_fp32_in_subprocess(model_dir, prompts, new_tokens)
+    else:
+        expected = [(ids, logits, None) for ids, logits in
+                    spawnable_oracle.hf_greedy_in_subprocess(model_dir, torch.float32, prompts, new_tokens)]
+    result = run_harness(model_dir, REAL_DIMS_WORKLOAD, dtype, vocab_size=vocab_size, num_gpu_blocks_override=16)
+    assert result["runner"].block_size > 32  # the hybrid alignment raised it
+    assert (result["warm_graphs"], result["graphs"], result["symbolic"], result["graph_breaks"]) == (2, 2, 0, 0)
+    assert result["host_reads"] == []
+    for got, (want, want_logits, fp32_logits), (_, n, _) in zip(result["ids"], expected, REAL_DIMS_WORKLOAD):
+        if dtype == "float32":
+            assert got == want[:n]
+        else:
+            oracle.assert_greedy_matches(got, want[:n], want_logits[:n], torch.bfloat16, tie_ulps=REAL_DIMS_TIE_ULPS,
+                                         fp32_logits=fp32_logits[:n])

@@ -1,8 +1,12 @@
-"""The Neuron shell at TP=2: two processes (gloo), each loading its shards, give transformers' greedy ids.
+"""The Neuron shell at TP=2 under the runner's process layout: one worker process per rank (gloo, CPU).
 
-Eager forward (the compiled path is covered at TP=1 by the harness); the group is a
-small adapter over ``torch.distributed`` with the surface of vLLM's ``GroupCoordinator``
-that the shell uses (``world_size``, ``rank_in_group``, ``all_reduce``, ``all_gather``).
+Each rank runs the whole runner stand-in (``runner.py``): its start-up, every bucket
+compiled with the runner's own ``torch.compile`` call (aot_eager) and warmed up, then the
+same schedule of steps under ``fail_on_recompile``; the collectives are traced into each
+bucket's graph. Both ranks' greedy ids must equal TP=1's (the same runner, one process)
+and transformers'. The group is a small adapter over ``torch.distributed`` with the surface
+of vLLM's ``GroupCoordinator`` that the shell uses (``world_size``, ``rank_in_group``,
+``all_reduce``, ``all_gather``).
 """
 
 import os
@@ -36,7 +40,6 @@ def _rank_main(rank, world, init_file, model_dir, workload, out_file):
     sys.path.insert(0, HERE)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    import runner as harness
     from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
     class ShardedModel(Qwen3_5NeuronForCausalLM):
@@ -44,13 +47,25 @@ def _rank_main(rank, world, init_file, model_dir, workload, out_file):
         def from_configs(cls, hf_config, neuron_config=None, **kwargs):
             return cls(hf_config, neuron_config, tp_group=GlooGroup())
 
-    runner = harness.HarnessRunner(ShardedModel, model_dir, prefill_buckets=(32,), decode_buckets=(4,),
-                                   num_blocks=24, compile=False)
-    prompts = [list(p) for p, _, _ in workload]
-    ids, _ = harness.serve(runner, prompts, [n for _, n, _ in workload], [a for _, _, a in workload])
-    if rank == 0:
-        torch.save(ids, out_file)
+    ids, graphs = _serve(ShardedModel, model_dir, workload, tp_rank=rank)
+    torch.save((ids, graphs), f"{out_file}.{rank}")
     dist.destroy_process_group()
+
+
+def _serve(model_cls, model_dir, workload, tp_rank=0):
+    import runner as harness
+
+    settings = harness.EngineSettings(model=model_dir, max_num_seqs=4, num_gpu_blocks_override=24,
+                                      additional_config={"neuron_config": dict(
+                                          num_batched_tokens_buckets=[8, 32], num_seqs_buckets=[4])})
+    runner = harness.NeuronRunnerStandIn(model_cls, settings)
+    runner.load_model(tp_rank=tp_rank)
+    runner.initialize_kv_cache(runner.get_kv_cache_spec())
+    runner.warm_up()
+    prompts = [list(p) for p, _, _ in workload]
+    with torch.compiler.set_stance("fail_on_recompile"):
+        ids, _ = harness.serve(runner, prompts, [n for _, n, _ in workload], [a for _, _, a in workload])
+    return ids, len(runner.recorder.dynamo_graphs)
 
 
 @pytest.mark.slow
@@ -65,7 +80,15 @@ def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
     out_file = tmp_path / "ids.pt"
     mp.start_processes(_rank_main, args=(2, tmp_path / "pg", model_dir, workload, out_file), nprocs=2,
                        start_method="spawn")
-    ids = torch.load(out_file)
-    for (prompt, new_tokens, _), got in zip(workload, ids):
+    sys.path.insert(0, HERE)
+    from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+
+    tp1_ids, tp1_graphs = _serve(Qwen3_5NeuronForCausalLM, model_dir, workload)
+    assert tp1_graphs == 3  # two prefill buckets, one decode bucket
+    for rank in range(2):
+        ids, graphs = torch.load(f"{out_file}.{rank}")
+        assert graphs == tp1_graphs, f"rank {rank}: {graphs} graphs"
+        assert ids == tp1_ids, f"rank {rank}"
+    for (prompt, new_tokens, _), got in zip(workload, tp1_ids):
         want, _ = oracle.hf_greedy(model_dir, torch.float32, prompt, new_tokens)
         assert got == want

@@ -8,7 +8,8 @@ on a device the adapter's ops are registered with torch-neuronx and the shell is
 import pytest
 import torch
 
-from runner import HarnessRunner, serve
+from runner import NeuronRunnerStandIn, serve
+from test_harness import settings_for
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
 # (prompt length, new tokens, arrival step): a one-token prompt, a prompt longer than the
@@ -18,8 +19,9 @@ WORKLOAD = [(1, 3, 0), (40, 3, 0), (7, 4, 2)]
 
 def _serve(model_dir, monkeypatch, backend):
     monkeypatch.setenv("VLLM_GDN_BACKEND", backend)
-    runner = HarnessRunner(Qwen3_5NeuronForCausalLM, model_dir, dtype="float32", prefill_buckets=(32,),
-                           decode_buckets=(4,), num_blocks=24, compile=False)
+    runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings_for(model_dir, "float32", (32,), (4,),
+                                                                        num_gpu_blocks_override=24), compile=False)
+    runner.start()
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 512, (n,), generator=generator).tolist() for n, _, _ in WORKLOAD]
     return serve(runner, prompts, [n for _, n, _ in WORKLOAD], [a for _, _, a in WORKLOAD])
@@ -38,6 +40,7 @@ def test_shell_on_the_nki_kernels_gives_the_torch_core_ids(tiny_model, monkeypat
     prefills = sum(step[0] == "prefill" for step in nki_steps)
     decodes = sum(step[0] == "decode" for step in nki_steps)
     assert prefills >= 4 and decodes >= 3
+    prefills, decodes = prefills + 1, decodes + 1  # the warm-up of the one prefill and one decode bucket
     assert nki_launches == {
         "conv1d_prefill": prefills * gdn_layers,
         "gdn_cte": prefills * gdn_layers,

@@ -20,7 +20,7 @@ carrying the same information. fp32 claims are exact (``torch.equal``).
 import pytest
 import torch
 
-from runner import HarnessRunner, Request, host_reads
+from runner import EngineSettings, NeuronRunnerStandIn, Request, host_reads
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
 PROMPTS = ([5, 17, 42, 9, 300, 11, 250, 3, 77, 120, 64], [8, 400, 21, 6, 99])
@@ -51,6 +51,17 @@ class ForwardTap:
         return logits
 
 
+def make_runner(model_dir, dtype="float32", compile=False) -> NeuronRunnerStandIn:
+    """The runner stand-in loaded and its caches bound (one 16-token prefill bucket, one 2-row decode bucket)."""
+    settings = EngineSettings(model=model_dir, dtype=dtype, max_num_seqs=2, num_gpu_blocks_override=12,
+                              additional_config={"neuron_config": dict(num_batched_tokens_buckets=[16],
+                                                                       num_seqs_buckets=[2])})
+    runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=compile)
+    runner.load_model()
+    runner.initialize_kv_cache(runner.get_kv_cache_spec())
+    return runner
+
+
 def serve_workload(model_dir, extra_for=None, dtype="float32", compile=False, warm_up=False, host_mask=False):
     """Prefill ``PROMPTS`` one by one, then ``DECODE_STEPS`` decode steps of both.
 
@@ -60,8 +71,7 @@ def serve_workload(model_dir, extra_for=None, dtype="float32", compile=False, wa
     Returns:
         ``(tap, runner)``: ``tap.logits`` holds every step's logits after warm-up.
     """
-    runner = HarnessRunner(Qwen3_5NeuronForCausalLM, model_dir, dtype=dtype, prefill_buckets=(16,),
-                           decode_buckets=(2,), num_blocks=12, compile=compile)
+    runner = make_runner(model_dir, dtype, compile)
     tap = ForwardTap(runner.forward, extra_for(runner) if extra_for is not None else None, host_mask)
     runner.forward = tap
     if warm_up:
@@ -106,8 +116,7 @@ def test_mrope_positions_of_a_text_prompt_give_the_logits_of_1d_positions(dense,
 
 def test_the_temporal_mrope_row_turns_q_and_k(dense):
     """Only row 0 of ``rotary_position_ids`` is read: other rows changed, same logits; row 0 changed, not."""
-    runner = HarnessRunner(Qwen3_5NeuronForCausalLM, dense, prefill_buckets=(16,), decode_buckets=(2,),
-                           num_blocks=12, compile=False)
+    runner = make_runner(dense)
     tap = ForwardTap(runner.forward)
     runner.forward = tap
     rows = {

@@ -35,7 +35,7 @@ def test_neuron_shell_ids_equal_the_vllm_shell_ids(tiny_model, tmp_path, model):
     from vllm import SamplingParams
 
     model_dir = build_gqa4_model(tmp_path / "gqa4") if model == "gqa4" else tiny_model(model)
-    result = run_harness(model_dir, FAST_WORKLOAD, prefill_buckets=(32,), decode_buckets=(4,), num_blocks=24)
+    result = run_harness(model_dir, FAST_WORKLOAD, prefill_buckets=(32,), decode_buckets=(4,), num_gpu_blocks_override=24)
     check(result, model_dir, FAST_WORKLOAD)
     with e2e.engine(model_dir, dtype="float32", enable_prefix_caching=False) as llm:
         outs = llm.generate(

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from vllm_gdn_neuron.layers.attention import GatedAttentionMath, check_attention_heads
+from vllm_gdn_neuron.neuron.cache import BoundPages
 from vllm_gdn_neuron.neuron.contract import reserved_pages
 from vllm_gdn_neuron.neuron.kv_spec import LayerSpec
 
@@ -54,7 +55,7 @@ class NeuronGatedAttention(GatedAttentionMath):
         self.v_proj = nn.Linear(hidden, kv_heads * d, bias=False, dtype=dtype)
         self.o_proj = nn.Linear(heads * d, hidden, bias=False, dtype=dtype)
         self.scaling = d**-0.5
-        self.kv_pages: torch.Tensor | None = None
+        self.kv_pages: BoundPages | None = None
 
     def kv_spec(self) -> LayerSpec:
         return LayerSpec(name=self.layer_name, num_kv_heads=self.num_kv_heads, head_size=self.head_dim,
@@ -69,8 +70,8 @@ class NeuronGatedAttention(GatedAttentionMath):
                 f"{self.dtype}; got {tuple(pages.shape)} {pages.dtype}"
             )
 
-    def bind(self, pages: torch.Tensor) -> None:
-        self.check_cache(pages)
+    def bind(self, pages: BoundPages) -> None:
+        """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.neuron.cache.bind_allocations`)."""
         self.kv_pages = pages
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool,
@@ -91,14 +92,14 @@ class NeuronGatedAttention(GatedAttentionMath):
         q, k, v, gate = self.split_and_rotate(positions if rope_positions is None else rope_positions,
                                               self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden))
         live = metadata["slot_mapping"] > 0
-        self._write(k, v, metadata["slot_mapping"], live)
-        out = self._attend(q, k, v, positions, live, metadata["block_table_tensor"], is_decode)
+        pages = self.kv_pages.view()
+        self._write(pages, k, v, metadata["slot_mapping"], live)
+        out = self._attend(pages, q, k, v, positions, live, metadata["block_table_tensor"], is_decode)
         out = self.o_proj(self.gate_output(out, gate))
         return self.tp_group.all_reduce(out)
 
-    def _write(self, k, v, slot_mapping, live) -> None:
+    def _write(self, pages, k, v, slot_mapping, live) -> None:
         """Scatter K and V rows of the step's live tokens; padding tokens write the sink."""
-        pages = self.kv_pages
         num_pages, _, kv_heads, block, dim = pages.shape
         _, sink = reserved_pages(num_pages)
         slots = slot_mapping.to(torch.int64)
@@ -111,11 +112,11 @@ class NeuronGatedAttention(GatedAttentionMath):
         values = torch.cat([k.reshape(-1, dim), v.reshape(-1, dim)]).to(pages.dtype)
         pages.view(-1, dim).index_copy_(0, rows, values)
 
-    def _attend(self, q, k, v, positions, live, block_table, is_decode):
+    def _attend(self, pages, q, k, v, positions, live, block_table, is_decode):
         """Softmax attention of each token over its request's cached context and this step's tokens."""
         tokens = q.shape[0]
         positions = positions.to(torch.int64)
-        k_ctx, v_ctx, seen = self._gather_context(block_table, live, positions, is_decode)
+        k_ctx, v_ctx, seen = self._gather_context(pages, block_table, live, positions, is_decode)
         arange = torch.arange(tokens, device=q.device)
         q = q.view(tokens, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
         if is_decode:  # row r: its context, then its own token
@@ -137,14 +138,13 @@ class NeuronGatedAttention(GatedAttentionMath):
             out = torch.einsum("tkgc,kcd->tkgd", probs, values)
         return out.reshape(tokens, self.num_heads * self.head_dim)
 
-    def _gather_context(self, block_table, live, positions, is_decode):
+    def _gather_context(self, pages, block_table, live, positions, is_decode):
         """K / V ``[R, Hkv, max_blocks * B, D]`` of each block-table row, and ``seen [R, max_blocks * B]``.
 
         A row sees the cached positions before its first position in this step. Unseen
         entries of V are zeros (selected, not multiplied: a recycled page may hold NaNs),
         and padding rows and unused block-table entries read the zero page.
         """
-        pages = self.kv_pages
         num_pages, _, kv_heads, block, dim = pages.shape
         zero_page, _ = reserved_pages(num_pages)
         table = block_table.to(torch.int64)

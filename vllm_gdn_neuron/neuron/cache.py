@@ -19,6 +19,14 @@ page = [ conv state [C, K] | recurrent state [Hv, Dk, Dv] | zeros up to the comm
   input is exact in float32, so nothing is rounded.
 - recurrent state: float32, K-major ``[Hv, Dk, Dv]``.
 
+Shared allocations: the runner allocates one int8 buffer per vLLM ``KVCacheTensor`` and
+hands one layer of every cache group a dtype view of it (in bf16 an attention layer's
+``[P, 2, Hkv, B, D]`` bf16 view and GDN layers' ``[P, E]`` float32 views of the same bytes).
+aot_autograd refuses in-place writes into graph inputs that are views of one another in
+different dtypes, so a layer keeps the allocation itself (:class:`BoundPages`) and takes its
+view inside the traced step: every write is then into one graph input per allocation, in
+program order.
+
 Page unification (vLLM's hybrid planner, ``Platform._align_hybrid_block_size``): every
 group's page must have one size. With ``a`` bytes of attention KV per token
 (``2 * Hkv * D * itemsize``), ``s`` bytes of GDN state per sequence and the attention
@@ -88,6 +96,49 @@ class GDNPageLayout:
         if page_elems > self.state_elems:
             parts.append(conv.new_zeros(n, page_elems - self.state_elems, dtype=STATE_DTYPE))
         return torch.cat(parts, dim=1)
+
+
+class BoundPages:
+    """A layer's page-major view, held as an int8 view of the whole allocation plus its own dtype and shape.
+
+    Made by :func:`bind_allocations`, which gives every layer bound to one allocation the same
+    ``root`` tensor (the one graph input of that allocation).
+    """
+
+    def __init__(self, root: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        self.root = root
+        self.dtype = dtype
+        self.shape = shape
+
+    def view(self) -> torch.Tensor:
+        """The layer's pages, re-derived from the allocation (call inside the traced step)."""
+        return self.root.view(self.dtype).view(self.shape)
+
+
+def bind_allocations(caches: dict[str, torch.Tensor]) -> dict[str, BoundPages]:
+    """One :class:`BoundPages` per layer, layers of one allocation sharing one int8 ``root``.
+
+    Args:
+        caches: layer name -> the page-major view the runner bound. Each must be contiguous,
+            start at byte 0 of its storage and cover all of it (the runner's views do: a
+            ``raw.view(dtype).view(pages, ...)`` of a whole buffer). A dtype view of another
+            element size has no ``_base``, so allocations are told apart by their storage.
+    """
+    roots: dict[int, torch.Tensor] = {}
+    bound = {}
+    for name, pages in caches.items():
+        nbytes = pages.untyped_storage().nbytes()
+        if not pages.is_contiguous() or pages.storage_offset() != 0 or pages.numel() * pages.element_size() != nbytes:
+            raise ValueError(
+                f"{name}: the bound pages must be a contiguous view of a whole allocation; got "
+                f"{tuple(pages.shape)} {pages.dtype} at element offset {pages.storage_offset()} of a "
+                f"{nbytes}-byte allocation"
+            )
+        key = pages.untyped_storage().data_ptr()
+        if key not in roots:
+            roots[key] = pages.reshape(-1).view(torch.int8)
+        bound[name] = BoundPages(roots[key], pages.dtype, tuple(pages.shape))
+    return bound
 
 
 def attention_bytes_per_token(num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

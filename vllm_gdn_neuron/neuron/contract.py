@@ -1,29 +1,34 @@
 """The vllm-neuron version this shell is written against, and the runner's fields it reads.
 
-Pinned: vllm-neuron's native generation (vLLM 0.24, SDK 2.32+ containers), in the form of
-the upstream Qwen3.5 port:
+Pinned: **whn09/vllm-neuron @ 7ea992789fa624ea6b0d7ad4cb0789e784863904** (a fork of
+vllm-neuron ``release-0.24.0.1.1.0``: vLLM 0.24, Neuron SDK 2.32). No official vllm-neuron
+release has the recurrent-cache path this shell needs (upstream proposes it in
+https://github.com/vllm-project/vllm-neuron/pull/54, open; upstream ``main`` @ ``9fc042ea``
+binds ``[k, v]`` per attention layer and refuses any other spec). Read at the pin:
 
-- ``vllm-project/vllm-neuron`` ``vllm_neuron/model/qwen3_5/model.py`` at commit
-  ``aa9b76b7bce2d153ce22ceabdf9e45fde9b02c22`` and ``deltanet.py`` at
-  ``b3a5a71f235f9c4f8167674a0d26ee2dc00c7983``: ``kv_cache_page_major = True``, one
-  page-major tensor per layer, two reserved pages past ``num_blocks`` (a zero page that
-  dead rows read, then a sink that they write), the recurrent slot of a request is
-  ``block_table_tensor[:, 0]``, a live token has ``slot_mapping > 0``;
-- ``vllm_neuron/model/kv_cache.py`` in the same form (``KVSpec.recurrent_layers`` of
-  ``RecurrentLayerSpec(name, shapes, dtypes)``), as read in the forks that carry that
-  file whole (whn09/vllm-neuron ``7ea992789fa624ea6b0d7ad4cb0789e784863904``,
-  qingzwang/vllm-neuron ``76172ca7bff91ffa78bddc5ae43c3f51a8ba00d7``);
-- ``vllm_neuron/vllm/worker/neuron_model_runner.py`` at
-  ``9fc042eaa7e50fbfda292b75c980bf56a9a0e8b6``: ``NULL_BLOCK_ID = 0`` pads block tables
-  and slot mappings, ``PAD_SLOT_ID = -1`` is the read-side sentinel;
-- ``vllm_neuron/model/neuron_config.py`` (whn09 at the commit above):
-  ``num_batched_tokens_buckets``, ``num_seqs_buckets``, ``on_device_sampling_config``.
+- ``vllm_neuron/vllm/worker/neuron_model_runner.py``: ``get_kv_cache_spec`` turns
+  ``KVSpec.recurrent_layers`` into vLLM ``MambaSpec``s; ``initialize_kv_cache`` gives a
+  ``kv_cache_page_major`` model one int8 buffer per vLLM ``KVCacheTensor`` (shared by one
+  layer of every cache group) plus two reserved pages past ``num_blocks`` (a zero page that
+  dead rows read, then a sink that they write), bound as dtype views; ``NULL_BLOCK_ID = 0``
+  pads slot mappings, block tables reach the model with 0 replaced by ``PAD_SLOT_ID = -1``;
+- ``vllm_neuron/vllm/platform.py``: ``_align_hybrid_page_sizes`` (block 32, ``MultipleOf(32)``);
+- ``vllm_neuron/model/kv_cache.py``: ``KVSpec.recurrent_layers`` of
+  ``RecurrentLayerSpec(name, shapes, dtypes)``;
+- ``vllm_neuron/model/neuron_config.py``: ``num_batched_tokens_buckets``,
+  ``num_seqs_buckets``, ``on_device_sampling_config``.
+
+Page conventions (the recurrent slot of a request is ``block_table_tensor[:, 0]``, a live
+token has ``slot_mapping > 0``) as in upstream's Qwen3.5 port model files
+(vllm-project/vllm-neuron ``vllm_neuron/model/qwen3_5/model.py`` @ ``aa9b76b7``).
 
 Nothing here imports vllm-neuron: the names below are the fields this shell reads and
 writes, checked by ``tests/neuron`` against the stand-ins in :mod:`.kv_spec`.
 """
 
-VLLM_NEURON_PIN = "vllm-neuron native (vLLM 0.24): vllm-project/vllm-neuron qwen3_5 @ aa9b76b7"
+VLLM_NEURON_REPOSITORY = "https://github.com/whn09/vllm-neuron"
+VLLM_NEURON_COMMIT = "7ea992789fa624ea6b0d7ad4cb0789e784863904"
+VLLM_NEURON_PIN = f"vllm-neuron (release-0.24.0.1.1.0 line, vLLM 0.24): whn09/vllm-neuron @ {VLLM_NEURON_COMMIT[:8]}"
 
 # Keys of one layer's entry in the forward's ``attn_metadata`` that this shell reads.
 METADATA_KEYS = ("block_table_tensor", "slot_mapping", "max_query_len", "decode_token_threshold", "block_size")

@@ -22,7 +22,7 @@ from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.ops import paged_nki
 from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.layers.norms import GatedRMSNorm
-from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, GDNPageLayout
+from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, BoundPages, GDNPageLayout
 from vllm_gdn_neuron.neuron.contract import reserved_pages
 from vllm_gdn_neuron.neuron.kv_spec import RecurrentLayerSpec
 
@@ -112,7 +112,7 @@ class NeuronGatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(dims.num_v_heads, dtype=torch.float32))
         self.norm = GatedRMSNorm(dims.head_v_dim, eps=config.rms_norm_eps).to(dtype)
         self.out_proj = nn.Linear(dims.value_dim, hidden, bias=False, dtype=dtype)
-        self.state_pages: torch.Tensor | None = None
+        self.state_pages: BoundPages | None = None
         # The NKI kernels where the nki backend is chosen (a Neuron SDK present, or
         # VLLM_GDN_BACKEND=nki), else the torch math; chosen once, outside any traced forward.
         self.paged_ops = paged_nki.select("auto", torch.device("meta"))
@@ -125,8 +125,8 @@ class NeuronGatedDeltaNet(nn.Module):
         """Refuse state pages that are not ``[P, >= state_elems]`` float32."""
         self.layout.check_pages(self.layer_name, pages)
 
-    def bind(self, pages: torch.Tensor) -> None:
-        self.check_cache(pages)
+    def bind(self, pages: BoundPages) -> None:
+        """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.neuron.cache.bind_allocations`)."""
         self.state_pages = pages
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool):
@@ -142,15 +142,15 @@ class NeuronGatedDeltaNet(nn.Module):
             ``[T, H]`` (summed over tensor-parallel ranks).
         """
         tokens = hidden.shape[0]
-        step = build_gdn_step(metadata, positions, self.state_pages.shape[0], is_decode)
-        rows = self.state_pages.index_select(0, step.read_pages)
+        state_pages = self.state_pages.view()
+        step = build_gdn_step(metadata, positions, state_pages.shape[0], is_decode)
+        rows = state_pages.index_select(0, step.read_pages)
         conv, ssm = self.layout.split(rows)
         caches = GDNCaches(conv=conv, ssm=ssm)
         core = gdn_mix(self.dims, self.in_proj_qkv(hidden), self.in_proj_a(hidden), self.in_proj_b(hidden),
                        self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill,
                        paged_ops=self.paged_ops)
-        self.state_pages.index_copy_(0, step.write_pages,
-                                     self.layout.join(caches.conv, caches.ssm, self.state_pages.shape[1]))
+        state_pages.index_copy_(0, step.write_pages, self.layout.join(caches.conv, caches.ssm, state_pages.shape[1]))
         z = self.in_proj_z(hidden).view(tokens, self.dims.num_v_heads, self.dims.head_v_dim)
         out = self.norm(core, z).reshape(tokens, self.dims.value_dim)
         return self.tp_group.all_reduce(self.out_proj(out))

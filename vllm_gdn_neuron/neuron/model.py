@@ -29,13 +29,14 @@ from vllm_gdn_neuron.layers.dims import is_sparse_layer
 from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
-from vllm_gdn_neuron.neuron.cache import STATE_DTYPE
+from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, bind_allocations
 from vllm_gdn_neuron.neuron.checks import (check_engine_config, check_neuron_config, check_text_config,
                                            check_vision_neuron_config)
 from vllm_gdn_neuron.neuron.gdn import NeuronGatedDeltaNet
 from vllm_gdn_neuron.neuron.kv_spec import KVSpec
 from vllm_gdn_neuron.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
 from vllm_gdn_neuron.neuron.parallel import current_tp_group
+from vllm_gdn_neuron.neuron.static_graphs import require_static_graphs
 from vllm_gdn_neuron.neuron.weights import load_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -208,7 +209,17 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         return KVSpec(layers=attention, recurrent_layers=recurrent)
 
     def bind_kv_cache(self, kv_caches: dict[str, list[torch.Tensor]]) -> None:
-        """Bind one page-major tensor per layer; all are checked against the spec before any is bound."""
+        """Bind one page-major tensor per layer; all are checked against the spec before any is bound.
+
+        Layers whose views share one allocation (the runner's one int8 buffer per vLLM
+        ``KVCacheTensor``, viewed in bf16 by an attention layer and in float32 by GDN layers)
+        keep that allocation as one int8 tensor and take their views inside the traced step
+        (:mod:`.cache`): aot_autograd refuses in-place writes into inputs that alias in
+        different dtypes.
+
+        Also turns Dynamo's automatic dynamic shapes off (:mod:`.static_graphs`): the runner's
+        compile call passes no ``dynamic=``, and each bucket must trace one static graph.
+        """
         for layer in self.model.layers:
             name = layer.mixer.layer_name
             if name not in kv_caches:
@@ -217,8 +228,11 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             if len(tensors) != 1:
                 raise ValueError(f"bind_kv_cache: layer {name!r} takes one page-major tensor; got {len(tensors)}")
             layer.mixer.check_cache(tensors[0])
+        bound = bind_allocations({layer.mixer.layer_name: kv_caches[layer.mixer.layer_name][0]
+                                  for layer in self.model.layers})
         for layer in self.model.layers:
-            layer.mixer.bind(kv_caches[layer.mixer.layer_name][0])
+            layer.mixer.bind(bound[layer.mixer.layer_name])
+        require_static_graphs()
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config):

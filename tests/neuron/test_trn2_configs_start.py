@@ -1,0 +1,122 @@
+"""Every shipped trn2 config, and the README's plain ``vllm serve`` route, through the runner's start-up.
+
+Each config is read the way ``vllm serve --config`` reads it (YAML keys = CLI options) and
+handed to the runner stand-in (``runner.py``) with its own ``additional-config`` (the
+``neuron_config`` and, where set, the ``vision_neuron_config`` that switches ``load_model`` to
+the multimodal ``from_configs`` form), ``dtype``, ``max-num-seqs``, ``num-gpu-blocks-override``,
+``async-scheduling`` and ``limit-mm-per-prompt``, under a current engine config built from
+the same settings (the shell's start-up checks read it). The runner's branches then run:
+``__init__`` (its async-scheduling refusal included), ``load_model`` (meta construction,
+``load_weights``, ``.to``, the compile call), ``get_kv_cache_spec`` with the platform's
+hybrid alignment, ``initialize_kv_cache`` (shared int8 buffers, dtype views,
+``bind_kv_cache``) and the warm-up of every bucket; then one request is served.
+
+Small dims: the tiny checkpoint of the config's kind (the ``ConditionalGeneration`` layout
+its ``hf-overrides`` names) stands in for the published one, at TP=1, and every token
+count (``max-model-len``, ``max-num-batched-tokens``, the prefill buckets) is divided by one
+power of two so the largest is 256: the bucket structure is the config's, the sizes are
+not. Whether the config's tensor-parallel size divides the published checkpoint's heads is
+the sizing tool's test (``tests/test_sizing.py``), not this one's.
+"""
+
+import pathlib
+import types
+
+import pytest
+import torch
+import yaml
+
+from runner import EngineSettings, NeuronRunnerStandIn, serve
+from vllm_gdn_neuron import plugin
+from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml")) + [REPO / "configs" / "serve-trn2.yaml"]
+LARGEST_TOKENS = 256
+# vLLM resolves an unset --async-scheduling to on for the multiprocess executors vllm-neuron uses.
+ASYNC_SCHEDULING_DEFAULT = True
+# The README's trn2 route for a checkpoint of one's own: serve-trn2.yaml plus this override.
+README_OVERRIDE = {"architectures": ["VllmGdnNeuronQwen3_5ForConditionalGeneration"]}
+
+
+class MultimodalLimits:
+    """The part of vLLM's ``MultiModalConfig`` the shell reads."""
+
+    def __init__(self, limits: dict) -> None:
+        self.limits = limits
+
+    def get_limit_per_prompt(self, modality: str) -> int:
+        return int(self.limits.get(modality, 1))
+
+
+def engine_config(settings: dict, dtype: torch.dtype):
+    """A current-engine-config stand-in with the config's values where the shell reads them."""
+    limits = settings.get("limit-mm-per-prompt")
+    return types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(max_num_seqs=settings["max-num-seqs"],
+                                               async_scheduling=settings.get("async-scheduling", ASYNC_SCHEDULING_DEFAULT)),
+        model_config=types.SimpleNamespace(max_model_len=settings["max-model-len"], dtype=dtype,
+                                           multimodal_config=None if limits is None else MultimodalLimits(limits)),
+        cache_config=types.SimpleNamespace(enable_prefix_caching=settings.get("enable-prefix-caching", True),
+                                           cache_dtype=settings.get("kv-cache-dtype", "auto")),
+        speculative_config=settings.get("speculative-config"),
+        parallel_config=types.SimpleNamespace(pipeline_parallel_size=settings.get("pipeline-parallel-size", 1)),
+    )
+
+
+def scaled(settings: dict) -> dict:
+    """The config with every token count divided by one power of two (largest: LARGEST_TOKENS)."""
+    out = yaml.safe_load(yaml.safe_dump(settings))
+    factor = 1
+    while settings["max-model-len"] // factor > LARGEST_TOKENS:
+        factor *= 2
+    out["max-model-len"] = settings["max-model-len"] // factor
+    out["max-num-batched-tokens"] = settings["max-num-batched-tokens"] // factor
+    neuron = out["additional-config"]["neuron_config"]
+    neuron["num_batched_tokens_buckets"] = [b // factor for b in neuron["num_batched_tokens_buckets"]]
+    return out
+
+
+def tiny_checkpoint(settings: dict, tiny_model) -> str:
+    architectures = (settings.get("hf-overrides") or README_OVERRIDE)["architectures"]
+    (name,) = architectures
+    assert name in plugin.NEURON_ARCHITECTURES, f"{name} is not a Neuron architecture this plugin registers"
+    return tiny_model("qwen3_5-moe-vl" if "Moe" in name else "qwen3_5-vl")
+
+
+def start(settings: dict, model_dir: str) -> NeuronRunnerStandIn:
+    from vllm.config import set_current_vllm_config
+
+    dtype = getattr(torch, settings["dtype"])
+    runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, EngineSettings(
+        model=model_dir, dtype=settings["dtype"], max_model_len=settings["max-model-len"],
+        max_num_seqs=settings["max-num-seqs"], block_size=settings.get("block-size"),
+        num_gpu_blocks_override=settings["num-gpu-blocks-override"],
+        async_scheduling=settings.get("async-scheduling", ASYNC_SCHEDULING_DEFAULT),
+        additional_config=settings["additional-config"]))
+    with set_current_vllm_config(engine_config(settings, dtype)):
+        runner.start()
+    return runner
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_config_starts_under_the_runner_and_serves(path, tiny_model):
+    settings = scaled(yaml.safe_load(path.read_text()))
+    runner = start(settings, tiny_checkpoint(settings, tiny_model))
+    neuron = settings["additional-config"]["neuron_config"]
+    buckets = len(neuron["num_batched_tokens_buckets"]) + len(neuron["num_seqs_buckets"])
+    assert len(runner.recorder.dynamo_graphs) == buckets
+    assert ("vision_neuron_config" in settings["additional-config"]) == (runner.vision_neuron_config is not None)
+    prompt = list(range(3, 3 + settings["max-model-len"] // 3))
+    with torch.compiler.set_stance("fail_on_recompile"):
+        (ids,), _ = serve(runner, [prompt], [3], [0])
+    assert len(ids) == 3 and len(runner.recorder.dynamo_graphs) == buckets
+
+
+def test_async_scheduling_without_on_device_sampling_stops_the_runner_at_init(tiny_model):
+    """The branch the shipped configs avoid with ``async-scheduling: false``."""
+    settings = scaled(yaml.safe_load(CONFIGS[0].read_text()))
+    settings["async-scheduling"] = True
+    with pytest.raises(RuntimeError, match="On-device sampling must be enabled for async execution"):
+        start(settings, tiny_checkpoint(settings, tiny_model))
