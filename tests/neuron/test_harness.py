@@ -128,7 +128,7 @@ def test_real_dims_2b_checkpoint_on_the_runner(tiny_model, dtype):
     prompts = _prompts(REAL_DIMS_WORKLOAD, vocab_size)
     new_tokens = max(n for _, n, _ in REAL_DIMS_WORKLOAD)
     if dtype == "bfloat16":
-        expected = spawnable_oracle.hf_greedy_with_fp32_in_subprocess(model_dir, prompts, new_tokens)
+        expected, _ = spawnable_oracle.hf_bf16_oracle_in_subprocess(model_dir, prompts, new_tokens)
     else:
         expected = [(ids, logits, None) for ids, logits in
                     spawnable_oracle.hf_greedy_in_subprocess(model_dir, torch.float32, prompts, new_tokens)]

@@ -23,11 +23,13 @@ def _graphs_of_two_buckets() -> list:
     return graphs
 
 
-def test_the_second_bucket_is_static_only_with_automatic_dynamic_shapes_off(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", True)  # Dynamo's default
-    graphs = _graphs_of_two_buckets()
-    assert len(graphs) == 2 and symbolic_graphs(types.SimpleNamespace(dynamo_graphs=graphs)) == 1
-    require_static_graphs()
-    graphs = _graphs_of_two_buckets()
-    assert len(graphs) == 2 and symbolic_graphs(types.SimpleNamespace(dynamo_graphs=graphs)) == 0
+def test_the_second_bucket_is_static_only_with_automatic_dynamic_shapes_off():
+    # config.patch restores the setting afterwards; pytest's monkeypatch on Dynamo's config
+    # module left the option hidden ("does not exist") for every later test of the process.
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=True):  # Dynamo's default
+        graphs = _graphs_of_two_buckets()
+        assert len(graphs) == 2 and symbolic_graphs(types.SimpleNamespace(dynamo_graphs=graphs)) == 1
+        require_static_graphs()
+        graphs = _graphs_of_two_buckets()
+        assert len(graphs) == 2 and symbolic_graphs(types.SimpleNamespace(dynamo_graphs=graphs)) == 0
     torch._dynamo.reset()
