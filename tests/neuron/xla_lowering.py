@@ -147,7 +147,17 @@ def _plain_lowerings(environment) -> None:
         converted = jax.lax.bitcast_convert_type(x, target)  # [..., n] wide -> [..., n, ratio] narrow
         return converted.reshape(*x.shape[:-1], x.shape[-1] * ratio_down) if ratio_down > 1 else converted
 
+    def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+        if sorted_sequence.ndim != 1 or sorter is not None:  # torchax's own lacks right= (the routed experts use it)
+            raise NotImplementedError("searchsorted: only a 1-D sorted_sequence without sorter is lowered here")
+        found = jnp.searchsorted(sorted_sequence, values, side=side or ("right" if right else "left"),
+                                 method="compare_all")  # comparisons and a sum: no loop of gathers
+        return found.astype(jnp.int32 if out_int32 else jnp.int64)
+
     aten = torch.ops.aten
+    environment._ops[aten.searchsorted.Tensor] = ops_registry.Operator(
+        aten.searchsorted.Tensor, searchsorted, is_jax_function=True, is_user_defined=True, needs_env=False,
+        is_view_op=False)
     environment._ops[aten.view.dtype] = ops_registry.Operator(aten.view.dtype, view_dtype, is_jax_function=True,
                                                               is_user_defined=True, needs_env=False, is_view_op=False)
     for packet, function in ((aten.index_select, index_select), (aten.embedding, embedding), (aten.topk, topk)):
