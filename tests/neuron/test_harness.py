@@ -37,9 +37,11 @@ def settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine):
 
 
 def run_harness(model_dir, workload, dtype="float32", prefill_buckets=(32,), decode_buckets=(4,), vocab_size=512,
-                model_cls=Qwen3_5NeuronForCausalLM, **engine):
-    """Start the runner stand-in, serve ``workload``; return the ids and what was measured."""
-    runner = NeuronRunnerStandIn(model_cls, settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine))
+                model_cls=Qwen3_5NeuronForCausalLM, backend=None, **engine):
+    """Start the runner stand-in (compile ``backend``: the runner's default when None), serve ``workload``;
+    return the ids and what was measured."""
+    runner = NeuronRunnerStandIn(model_cls, settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine),
+                                 backend=backend)
     runner.start()
     buckets = len(runner.prefill_buckets) + len(runner.decode_buckets)
     warm_graphs = len(runner.recorder.dynamo_graphs)

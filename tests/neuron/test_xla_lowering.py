@@ -1,14 +1,16 @@
 """Every bucket graph of the harness lowered to StableHLO and run on XLA's CPU backend, equal to eager.
 
-The harness compiles each bucket through :class:`xla_lowering.XlaLoweringBackend` instead of
-``aot_eager``: the functional ATen graph goes through torchax to ``jax.jit``, is lowered to
+The runner stand-in (``runner.py``, the runner's own ``torch.compile(model, backend=...,
+fullgraph=True, options=...)`` call) compiles each bucket through
+:class:`xla_lowering.XlaLoweringBackend` instead of ``aot_eager``: the functional ATen graph goes through torchax to ``jax.jit``, is lowered to
 StableHLO (checked: no float64, no host transfer, no custom call, the Neuron docs' per-op
 limits) and compiled for XLA:CPU. Every step of the serving workload (fresh and chunked
 prompts, a one-token prompt, full buckets, padded decode batches, requests finishing and
 handing their NaN-poisoned pages to the next) runs the XLA executable and, on the same
 inputs, the ATen graph under torch; the harness serves on XLA's results. Held: logits and
-every written cache page but the sink within 1e-4 of eager (relative to the tensor's
-largest magnitude; NaNs in the same places), and the greedy ids equal transformers'.
+every written cache page but the sink within 1e-4 of eager (each int8 allocation read
+through the float32 view the step takes of it, relative to its largest magnitude; NaNs in
+the same places), and the greedy ids equal transformers'.
 
 Each case prints one line per bucket: StableHLO op count, the most frequent ops, and the
 largest differences seen.
@@ -20,9 +22,8 @@ import functools
 import pytest
 import torch
 
-from neuron_testing import builder
-from runner import HarnessRunner
-from test_harness import FAST_WORKLOAD, SLOW_WORKLOAD, check, run_harness
+from runner import NeuronRunnerStandIn
+from test_harness import FAST_WORKLOAD, SLOW_WORKLOAD, check, run_harness, settings_for
 from xla_lowering import LoweringRefused, XlaLoweringBackend, analyse
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
@@ -43,7 +44,7 @@ def report(model: str, runner_buckets, backend: XlaLoweringBackend) -> str:
 
 
 def bucket_labels(prefill_buckets, decode_buckets) -> list[str]:
-    """The harness warms prefill buckets up first, then decode buckets (compile order)."""
+    """The runner warms prefill buckets up first, then decode buckets (compile order)."""
     return [f"prefill {b}" for b in sorted(prefill_buckets)] + [f"decode {b}" for b in sorted(decode_buckets)]
 
 
@@ -69,13 +70,14 @@ def serve_on_xla(model: str, model_dir: str, workload, prefill_buckets, decode_b
 
 @pytest.mark.slow
 def test_dense_model_four_buckets_on_xla_equal_eager_and_transformers(tiny_model):
-    serve_on_xla("qwen3_5-dense", tiny_model("qwen3_5-dense"), SLOW_WORKLOAD, (8, 64), (2, 4), num_blocks=40)
+    serve_on_xla("qwen3_5-dense", tiny_model("qwen3_5-dense"), SLOW_WORKLOAD, (8, 64), (2, 4),
+                 num_gpu_blocks_override=40)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
 def test_every_tiny_model_on_xla_equals_eager_and_transformers(tiny_model, model):
-    backend = serve_on_xla(model, tiny_model(model), FAST_WORKLOAD, (32,), (4,), num_blocks=24)
+    backend = serve_on_xla(model, tiny_model(model), FAST_WORKLOAD, (32,), (4,), num_gpu_blocks_override=24)
     if "moe" in model or model == "qwen3-next":  # routing: top-k and its sort
         assert all(b.contents.op_counts["chlo.top_k"] > 0 for b in backend.buckets)
 
@@ -86,24 +88,19 @@ def test_bf16_buckets_lower_and_run_on_xla(tiny_model):
     XLA keeps float32 intermediates where torch rounds to bf16)."""
     backend = XlaLoweringBackend(compare=False)
     result = run_harness(tiny_model("qwen3_5-moe"), FAST_WORKLOAD[:3], dtype="bfloat16", prefill_buckets=(32,),
-                         decode_buckets=(4,), num_blocks=24, backend=backend)
+                         decode_buckets=(4,), num_gpu_blocks_override=24, backend=backend)
     print("\n" + report("qwen3_5-moe bf16", bucket_labels((32,), (4,)), backend))
     assert [b.calls > 1 for b in backend.buckets] == [True, True]
     assert all(len(ids) == n for ids, (_, n, _) in zip(result["ids"], FAST_WORKLOAD[:3]))
 
 
-@pytest.fixture(scope="module")
-def real_dims_2b(tmp_path_factory) -> str:
-    """Qwen3.5-2B's per-layer dims, four layers (``configs/build_tiny_models.py``; ~1.5 GB, ~25 s)."""
-    return str(builder.build("qwen3_5-2b-real", tmp_path_factory.mktemp("xla-real-dims")))
-
-
 @pytest.mark.slow
-def test_real_dims_2b_buckets_on_xla_equal_eager(real_dims_2b):
+def test_real_dims_2b_buckets_on_xla_equal_eager(tiny_model):
     """Hidden 2048, heads of 128 and 256, the 248,320-token vocabulary: equal to eager (the
     transformers oracle at these dims is ``tests/e2e/test_real_dims.py``'s)."""
     workload = [(1, 3, 0), (40, 3, 0), (16, 2, 1)]
-    serve_on_xla("qwen3_5-2b-real", real_dims_2b, workload, (16,), (2,), oracle=False, num_blocks=16)
+    serve_on_xla("qwen3_5-2b-real", tiny_model("qwen3_5-2b-real"), workload, (16,), (2,), oracle=False,
+                 vocab_size=248_320, num_gpu_blocks_override=16)
 
 
 # --- the check fails when something a device cannot run enters a bucket ---------------------
@@ -124,11 +121,14 @@ def opaque_scale():
 
 def _decode_bucket_with(model_dir, change_norm):
     """Serve one decode bucket whose final norm output passes through ``change_norm``."""
-    runner = HarnessRunner(Qwen3_5NeuronForCausalLM, model_dir, prefill_buckets=(8,), decode_buckets=(2,),
-                           num_blocks=8, backend=XlaLoweringBackend())
+    runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM,
+                                 settings_for(model_dir, "float32", (8,), (2,), num_gpu_blocks_override=8),
+                                 backend=XlaLoweringBackend())
+    runner.load_model()  # compiles lazily: the change below is in the traced step
     norm = runner.model.model.norm
     forward = norm.forward
     norm.forward = lambda hidden, residual: (change_norm(forward(hidden, residual)[0]), residual)
+    runner.initialize_kv_cache(runner.get_kv_cache_spec())
     runner.warm_up()
 
 

@@ -4,10 +4,12 @@ vllm-neuron lowers every bucket's FX graph to XLA HLO for neuronx-cc. ``aot_eage
 ATen graph with torch itself, so an op XLA cannot express (a custom op, a CPU kernel reached
 through dispatch, a float64 intermediate, an ATen op without an XLA lowering) passes it and
 only fails on a device. :class:`XlaLoweringBackend` is a ``torch.compile`` backend for
-``HarnessRunner(backend=...)``:
+``NeuronRunnerStandIn(backend=...)``
+(``tests/neuron/runner.py``), called as the runner's ``torch.compile(..., options=...)`` calls it:
 
 1. aot_autograd with core-ATen decompositions makes each Dynamo graph functional (cache
-   writes become outputs, which aot_autograd's wrapper copies back into the bound pages);
+   writes become outputs, which aot_autograd's wrapper copies back into the bound pages;
+   a cache input is the runner's whole int8 allocation, its dtype views taken in the graph);
 2. every ATen node is mapped to torchax's JAX lowering under ``jax.jit``, ``.lower()`` gives
    the StableHLO module and ``.compile()`` an XLA:CPU executable (float64 enabled in JAX,
    so an f64 in the graph stays f64 in the module);
@@ -22,6 +24,7 @@ shims this combination needs.
 
 Dimensions:
     P: pages of a bound cache (its two reserved pages last; the sink is the last one).
+    N: bytes of one int8 cache allocation (``P`` pages).
 """
 
 import collections
@@ -107,7 +110,8 @@ def torchax_environment():
 
 
 def _plain_lowerings(environment) -> None:
-    """``index_select``, ``embedding`` as one plain gather, ``topk`` as one ``top_k``.
+    """``index_select``, ``embedding`` as one plain gather, ``topk`` as one ``top_k``, and
+    ``view.dtype`` as a bitcast.
 
     torchax lowers the first two with ``jnp.take``'s default out-of-bounds mode, which adds a
     bounds mask (an ``and`` reduction and a select) around every gather; torch refuses such
@@ -133,7 +137,29 @@ def _plain_lowerings(environment) -> None:
     def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
         return jnp.take(weight, indices, axis=0, mode="clip")
 
+    from torchax.ops.mappings import t2j_dtype
+
+    def view_dtype(x, dtype):
+        target = jnp.dtype(t2j_dtype(dtype))
+        ratio_up, ratio_down = target.itemsize // x.dtype.itemsize, x.dtype.itemsize // target.itemsize
+        if ratio_up > 1:  # [..., n] narrow -> [..., n / ratio] wide
+            return jax.lax.bitcast_convert_type(x.reshape(*x.shape[:-1], x.shape[-1] // ratio_up, ratio_up), target)
+        converted = jax.lax.bitcast_convert_type(x, target)  # [..., n] wide -> [..., n, ratio] narrow
+        return converted.reshape(*x.shape[:-1], x.shape[-1] * ratio_down) if ratio_down > 1 else converted
+
+    def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+        if sorted_sequence.ndim != 1 or sorter is not None:  # torchax's own lacks right= (the routed experts use it)
+            raise NotImplementedError("searchsorted: only a 1-D sorted_sequence without sorter is lowered here")
+        found = jnp.searchsorted(sorted_sequence, values, side=side or ("right" if right else "left"),
+                                 method="compare_all")  # comparisons and a sum: no loop of gathers
+        return found.astype(jnp.int32 if out_int32 else jnp.int64)
+
     aten = torch.ops.aten
+    environment._ops[aten.searchsorted.Tensor] = ops_registry.Operator(
+        aten.searchsorted.Tensor, searchsorted, is_jax_function=True, is_user_defined=True, needs_env=False,
+        is_view_op=False)
+    environment._ops[aten.view.dtype] = ops_registry.Operator(aten.view.dtype, view_dtype, is_jax_function=True,
+                                                              is_user_defined=True, needs_env=False, is_view_op=False)
     for packet, function in ((aten.index_select, index_select), (aten.embedding, embedding), (aten.topk, topk)):
         for op in (packet, packet.default):
             environment._ops[op] = ops_registry.Operator(op, function, is_jax_function=True, is_user_defined=True,
@@ -382,11 +408,69 @@ def relative_difference(got: torch.Tensor, want: torch.Tensor) -> tuple[float, b
     return float((got[finite] - want[finite]).abs().max() / scale), nan_agree
 
 
-def _as_values(cache: torch.Tensor) -> torch.Tensor:
-    """A byte buffer (a shared cache of dtype views) as the float32 values it holds; else itself."""
-    if cache.dtype in (torch.int8, torch.uint8) and cache.shape[-1] % 4 == 0:
-        return cache.view(torch.float32)
-    return cache
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """How one int8 cache allocation (a graph input the step writes) holds its values.
+
+    Attributes:
+        pages: ``P``, from the page-major view the graph takes of it.
+        dtypes: every dtype the graph views an allocation of this size as (one for an
+            fp32 model: K/V and states float32; two for bf16 K/V beside float32 states).
+    """
+
+    pages: int
+    dtypes: frozenset
+
+    def pages_of(self, buffer: torch.Tensor) -> torch.Tensor:
+        """``[N]`` int8 -> ``[P, N / P / itemsize]`` of the one dtype every page holds.
+
+        Raises:
+            ValueError: the allocation is viewed in more than one dtype (a page's dtype then
+                depends on which cache group owns its block; compare such runs with ``compare=False``).
+        """
+        if len(self.dtypes) != 1:
+            raise ValueError(f"cache allocation viewed as {sorted(map(str, self.dtypes))}: its pages have no "
+                             "one dtype to compare in")
+        (dtype,) = self.dtypes
+        return buffer.view(dtype).view(self.pages, -1)
+
+
+_VIEW_OPS = (torch.ops.aten.alias.default, torch.ops.aten.view.dtype)
+
+
+def cache_layouts(gm: torch.fx.GraphModule, mutated: list[int]) -> list[CacheLayout | None]:
+    """One :class:`CacheLayout` per mutated input of an ATen graph (None: not an int8 allocation).
+
+    Pages: the first dimension of the first multi-dimensional view of the input reached
+    through dtype views and aliases. Dtypes: every ``view.dtype`` of an int8 tensor of the
+    input's size anywhere in the graph (after functionalisation a later view is taken of the
+    updated buffer, not of the input itself).
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    views = [n for n in gm.graph.nodes if n.target is torch.ops.aten.view.dtype]
+    layouts = []
+    for index in mutated:
+        value = placeholders[index].meta.get("val")
+        if value is None or value.dtype is not torch.int8 or value.dim() != 1:
+            layouts.append(None)
+            continue
+        dtypes = frozenset(n.args[1] for n in views
+                           if (source := n.args[0].meta.get("val")) is not None
+                           and source.dtype is torch.int8 and tuple(source.shape) == tuple(value.shape))
+        layouts.append(CacheLayout(_pages(placeholders[index]), dtypes))
+    return layouts
+
+
+def _pages(node: torch.fx.Node) -> int:
+    frontier = [node]
+    while frontier:
+        current = frontier.pop(0)
+        for user in current.users:
+            if user.target in _VIEW_OPS:
+                frontier.append(user)
+            elif user.target is torch.ops.aten.view.default and len(user.args[1]) > 1:
+                return int(user.args[1][0])
+    raise ValueError(f"{node.name}: no page-major view of the cache allocation in the graph")
 
 
 class LoweringRefused(AssertionError):
@@ -421,13 +505,14 @@ class XlaLoweringBackend:
         self.dynamo_graphs, self.aten_graphs, self.buckets = [], [], []
         self._aot = aot_autograd(fw_compiler=self._compile, decompositions=core_aten_decompositions())
 
-    def __call__(self, gm, example_inputs):
+    def __call__(self, gm, example_inputs, options=None):
+        """``options``: the runner's ``torch.compile(options=...)`` (Neuron's; nothing here reads them)."""
         self.dynamo_graphs.append(gm)
         return self._aot(gm, example_inputs)
 
     def _compile(self, gm, example_inputs):
         self.aten_graphs.append(gm)
-        num_cache_outputs = TracingContext.get().fw_metadata.num_mutated_inp_runtime_indices
+        layouts = cache_layouts(gm, TracingContext.get().fw_metadata.mutated_inp_runtime_indices)
         with unset_fake_temporarily():
             start = time.perf_counter()
             lowered = _lower(gm, example_inputs)
@@ -444,24 +529,29 @@ class XlaLoweringBackend:
             outputs = [_to_torch(o) for o in executable(*[_to_jax(a) for a in args])]
             bucket.calls += 1
             if self.compare:
-                _compare(bucket, outputs, gm(*args), num_cache_outputs)
+                _compare(bucket, outputs, gm(*args), layouts)
             return outputs
 
         return run
 
 
-def _compare(bucket: BucketLowering, outputs, eager, num_cache_outputs: int) -> None:
-    """Fold one step's differences into ``bucket``: the first ``num_cache_outputs`` outputs are
-    the written caches (compared without the sink page), the rest the logits."""
+def _compare(bucket: BucketLowering, outputs, eager, layouts: list[CacheLayout | None]) -> None:
+    """Fold one step's differences into ``bucket``: the first ``len(layouts)`` outputs are the
+    written caches (compared page by page in their dtype, without the sink page), the rest the logits."""
     for position, (got, want) in enumerate(zip(outputs, eager)):
-        if not want.is_floating_point() and want.dtype not in (torch.int8, torch.uint8):
-            continue
-        if position < num_cache_outputs:
+        if position < len(layouts):
+            layout = layouts[position]
+            if layout is not None:
+                got, want = layout.pages_of(got), layout.pages_of(want)
+            if not want.is_floating_point():
+                continue
             _, sink = reserved_pages(want.shape[0])
             keep = torch.arange(want.shape[0]) != sink
-            diff, nan_agree = relative_difference(_as_values(got[keep]), _as_values(want[keep]))
+            diff, nan_agree = relative_difference(got[keep], want[keep])
             bucket.max_cache_diff = max(bucket.max_cache_diff, diff)
         else:
+            if not want.is_floating_point():
+                continue
             diff, nan_agree = relative_difference(got, want)
             bucket.max_logits_diff = max(bucket.max_logits_diff, diff)
         bucket.nan_mismatches += not nan_agree
