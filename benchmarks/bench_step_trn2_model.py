@@ -2,10 +2,14 @@
 
 MODEL FIGURES, NOT MEASUREMENTS. For each ``configs/trn2/*.yaml``: the Neuron shell is built at
 the published checkpoint's real dimensions and the config's tensor-parallel size (weights
-never materialised: ``torch.empty`` pages that are never touched), driven by the test
-harness (``tests/neuron/runner.py``: ``HarnessRunner.warm_up`` runs each bucket on padding
-through ``torch.compile(fullgraph=True, dynamic=False)`` and its recording ``aot_eager``
-backend), and each bucket's ATen graph is priced node by node (``benchmarks/step_model.py``:
+never materialised: ``torch.empty`` pages that are never touched) and started by the test
+harness's runner stand-in the way the runner starts it (``tests/neuron/runner.py`` and
+``serve_config.py``: ``NeuronRunnerStandIn.start()`` with the config's engine settings and
+``additional-config`` under its engine config: ``from_configs`` on meta, ``load_weights``,
+the runner's ``torch.compile(fullgraph=True, options=...)`` call, the hybrid page alignment,
+one int8 buffer per cache tensor with its dtype views, then the warm-up of every bucket on
+the runner's synthetic inputs) with a recording ``aot_eager`` backend that runs nothing, and
+each bucket's ATen graph is priced node by node (``benchmarks/step_model.py``:
 FLOPs, HBM bytes, engine times at the documented NeuronCore-v3 rates, two physical cores
 per logical core). Where the NKI kernels replace ops on trn2 (the GatedDeltaNet core:
 conv1d and the chunked / recurrent delta rule), the torch ops of ``vllm_gdn_neuron/ops``
@@ -14,7 +18,8 @@ are replaced by the kernels' own modeled times (``kernels/interp/cost.py``, as
 
 Traced per config: the prefill bucket of a 1024-token prompt, the shipped decode bucket
 (``max-num-seqs`` rows: a batch of 1 pads to it) and a 1-row decode bucket (what batch 1
-costs where such a bucket is compiled). The graph is traced with one period of the layer
+costs where such a bucket is compiled): the config's ``neuron_config`` with its bucket lists
+narrowed to these (every other setting as shipped; the model's own bucket checks still run). The graph is traced with one period of the layer
 pattern (3 GatedDeltaNet + 1 attention layers, at full dimensions); each layer's nodes
 count ``layers of its kind / 3 or 1`` times (the layers of a kind are the same graph).
 
@@ -36,6 +41,7 @@ import os
 import pathlib
 import pickle
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("VLLM_GDN_NKI_INTERPRET", "1")  # the kernels' cost model lives in the interpreter
@@ -50,9 +56,11 @@ for path in (HERE, ROOT / "tests" / "neuron"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import serve_config  # noqa: E402
 import step_model  # noqa: E402
-from runner import GraphRecorder, HarnessRunner, NeuronConfigStandIn  # noqa: E402
+from runner import GraphRecorder  # noqa: E402
 from vllm_gdn_neuron import sizing  # noqa: E402
+from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM  # noqa: E402
 
 RESULTS = HERE / "results"
 PROMPT = 1024
@@ -108,21 +116,19 @@ class ShapeRecorder(GraphRecorder):
         return run
 
 
-class StepModelRunner(HarnessRunner):
-    """The harness runner around a model at real dimensions whose weights are untouched pages."""
+def priced_model_class(tp: int):
+    """The Neuron shell on a :class:`PricedGroup` of ``tp`` ranks, its weights untouched pages (no checkpoint)."""
 
-    def __init__(self, model_cls, hf_config, tp, prefill_buckets, decode_buckets, max_model_len, num_blocks):
-        self.neuron_config = NeuronConfigStandIn(num_batched_tokens_buckets=list(prefill_buckets),
-                                                 num_seqs_buckets=list(decode_buckets))
-        with torch.device("meta"):
-            model = model_cls(hf_config, self.neuron_config, tp_group=PricedGroup(tp))
-        self.model = model.to_empty(device="cpu").eval()
-        self.prefill_buckets, self.decode_buckets = sorted(prefill_buckets), sorted(decode_buckets)
-        self.max_model_len, self.pad_slot = max_model_len, 0
-        self.recorder = ShapeRecorder()
-        torch._dynamo.reset()
-        self.forward = torch.compile(self.model, fullgraph=True, dynamic=False, backend=self.recorder)
-        self._allocate(num_blocks, 32)
+    class PricedQwen3_5(Qwen3_5NeuronForCausalLM):
+        @classmethod
+        def from_configs(cls, hf_config, neuron_config=None, *, text_neuron_config=None, vision_neuron_config=None):
+            return cls(hf_config, neuron_config if neuron_config is not None else text_neuron_config,
+                       tp_group=PricedGroup(tp), vision_neuron_config=vision_neuron_config)
+
+        def load_weights(self, model_path, device, download_dir=None):
+            self.to_empty(device=device)
+
+    return PricedQwen3_5
 
 
 # --- one config ---------------------------------------------------------------------------------
@@ -213,21 +219,25 @@ def nki_gdn_seconds(prefill_tokens: int, rows: int, channels: int, v_heads: int,
 
 
 def trace(config: dict, prefill_bucket: int, decode_buckets: list[int]):
-    """``{("prefill", T) | ("decode", rows): aten graph}`` of one period of the layer pattern."""
-    from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-
-    hf_config = hf_config_of(config["model"], PERIOD)
-    runner = StepModelRunner(Qwen3_5NeuronForCausalLM, hf_config, config["tp"], [prefill_bucket], decode_buckets,
-                             config["max_model_len"], num_blocks=8)
-    runner.warm_up()
+    """``{("prefill", T) | ("decode", rows): aten graph}`` of one period of the layer pattern, as the
+    runner's start-up compiles them under the config's settings (bucket lists narrowed to these)."""
+    settings = yaml.safe_load(config["path"].read_text())
+    settings["tensor-parallel-size"] = config["tp"]
+    neuron = settings["additional-config"]["neuron_config"]
+    neuron["num_batched_tokens_buckets"] = [prefill_bucket]
+    neuron["num_seqs_buckets"] = sorted(decode_buckets)
+    recorder = ShapeRecorder()
+    with tempfile.TemporaryDirectory() as model_dir:
+        hf_config_of(config["model"], PERIOD).save_pretrained(model_dir)
+        serve_config.start(priced_model_class(config["tp"]), settings, model_dir, backend=recorder)
     labels = [("prefill", prefill_bucket)] + [("decode", rows) for rows in sorted(decode_buckets)]
-    return dict(zip(labels, runner.recorder.aten_graphs))
+    if len(recorder.aten_graphs) != len(labels):
+        raise RuntimeError(f"warm-up compiled {len(recorder.aten_graphs)} graphs for the {len(labels)} buckets {labels}")
+    return dict(zip(labels, recorder.aten_graphs))
 
 
 def weights_touched_bytes(config: dict, rows: int) -> float:
     """Bytes of weights one decode step of ``rows`` reads on one core (the HBM floor's numerator)."""
-    from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-
     with torch.device("meta"):
         model = Qwen3_5NeuronForCausalLM(hf_config_of(config["model"]), None, tp_group=PricedGroup(config["tp"]))
     text = model.config

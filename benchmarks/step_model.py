@@ -19,7 +19,8 @@ Per ATen node of the graph the harness compiles (shapes from the nodes' fake val
 - HBM: a graph input (weights, cache pages, step inputs) is read where a node consumes it:
   the rows a gather (``index_select``, ``embedding``, ``gather``, ``index``) takes (DMA: no
   engine time), else the whole tensor; a scatter into a graph input (``index_copy``, ``index_put``,
-  ``scatter``) writes the scattered rows. An intermediate stays on chip unless it exceeds
+  ``scatter``) writes the scattered rows, and its result is that input again (an in-place
+  write: a cache buffer several layers share is written by each in turn, in HBM). An intermediate stays on chip unless it exceeds
   :data:`SBUF_BYTES`, when it is written and read back once.
 - A node's time is the largest of its TensorE, vector engine and HBM times; the step is the
   sum over nodes (no overlap between nodes: an upper bound on a schedule the compiler
@@ -186,7 +187,7 @@ def price_node(node, category: str, inputs: frozenset) -> OpCost | None:
         hbm += 0  # the functional graph's write-back of a mutated input: its rows were charged at the scatter
     else:
         hbm += sum(nbytes(a.meta["val"]) for a in read_inputs)
-    if nbytes(out) > SBUF_BYTES:
+    if nbytes(out) > SBUF_BYTES and node not in inputs:  # a written input stays where it is
         hbm += 2 * nbytes(out)
     flops, tensor_s, engine_s = 0, 0.0, 0.0
     if name in MATMUL_OPS:
@@ -202,11 +203,15 @@ def price_node(node, category: str, inputs: frozenset) -> OpCost | None:
 def price_graph(graph_module, categorize) -> list[tuple[object, OpCost]]:
     """``[(node, OpCost)]`` of every priced node; ``categorize(node, name, inputs) -> category``.
 
-    Views of a graph input count as the input (``t`` of a weight read by ``mm``).
+    Views of a graph input count as the input (``t`` of a weight read by ``mm``), and so does
+    the result of a scatter into one: the functional graph's form of an in-place write, which
+    stays in the input's HBM buffer (the layers that share one cache allocation write it in
+    turn, each into the previous layer's result).
     """
     inputs = set()
-    for node in graph_module.graph.nodes:  # graph inputs, and views of them (a weight's transpose)
-        if node.op == "placeholder" or (node.op == "call_function" and op_name(node) in VIEW_OPS
+    for node in graph_module.graph.nodes:  # graph inputs, their views (a weight's transpose), written inputs
+        if node.op == "placeholder" or (node.op == "call_function"
+                                        and op_name(node) in VIEW_OPS | SCATTER_OPS
                                         and isinstance(node.args[0], torch.fx.Node) and node.args[0] in inputs):
             inputs.add(node)
     inputs = frozenset(inputs)

@@ -20,48 +20,21 @@ the sizing tool's test (``tests/test_sizing.py``), not this one's.
 """
 
 import pathlib
-import types
 
 import pytest
 import torch
 import yaml
 
-from runner import EngineSettings, NeuronRunnerStandIn, serve
+import serve_config
+from runner import serve
 from vllm_gdn_neuron import plugin
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml")) + [REPO / "configs" / "serve-trn2.yaml"]
 LARGEST_TOKENS = 256
-# vLLM resolves an unset --async-scheduling to on for the multiprocess executors vllm-neuron uses.
-ASYNC_SCHEDULING_DEFAULT = True
 # The README's trn2 route for a checkpoint of one's own: serve-trn2.yaml plus this override.
 README_OVERRIDE = {"architectures": ["VllmGdnNeuronQwen3_5ForConditionalGeneration"]}
-
-
-class MultimodalLimits:
-    """The part of vLLM's ``MultiModalConfig`` the shell reads."""
-
-    def __init__(self, limits: dict) -> None:
-        self.limits = limits
-
-    def get_limit_per_prompt(self, modality: str) -> int:
-        return int(self.limits.get(modality, 1))
-
-
-def engine_config(settings: dict, dtype: torch.dtype):
-    """A current-engine-config stand-in with the config's values where the shell reads them."""
-    limits = settings.get("limit-mm-per-prompt")
-    return types.SimpleNamespace(
-        scheduler_config=types.SimpleNamespace(max_num_seqs=settings["max-num-seqs"],
-                                               async_scheduling=settings.get("async-scheduling", ASYNC_SCHEDULING_DEFAULT)),
-        model_config=types.SimpleNamespace(max_model_len=settings["max-model-len"], dtype=dtype,
-                                           multimodal_config=None if limits is None else MultimodalLimits(limits)),
-        cache_config=types.SimpleNamespace(enable_prefix_caching=settings.get("enable-prefix-caching", True),
-                                           cache_dtype=settings.get("kv-cache-dtype", "auto")),
-        speculative_config=settings.get("speculative-config"),
-        parallel_config=types.SimpleNamespace(pipeline_parallel_size=settings.get("pipeline-parallel-size", 1)),
-    )
 
 
 def scaled(settings: dict) -> dict:
@@ -84,19 +57,9 @@ def tiny_checkpoint(settings: dict, tiny_model) -> str:
     return tiny_model("qwen3_5-moe-vl" if "Moe" in name else "qwen3_5-vl")
 
 
-def start(settings: dict, model_dir: str) -> NeuronRunnerStandIn:
-    from vllm.config import set_current_vllm_config
-
-    dtype = getattr(torch, settings["dtype"])
-    runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, EngineSettings(
-        model=model_dir, dtype=settings["dtype"], max_model_len=settings["max-model-len"],
-        max_num_seqs=settings["max-num-seqs"], block_size=settings.get("block-size"),
-        num_gpu_blocks_override=settings["num-gpu-blocks-override"],
-        async_scheduling=settings.get("async-scheduling", ASYNC_SCHEDULING_DEFAULT),
-        additional_config=settings["additional-config"]))
-    with set_current_vllm_config(engine_config(settings, dtype)):
-        runner.start()
-    return runner
+def start(settings: dict, model_dir: str):
+    """The runner's start-up of the shell under the config's settings."""
+    return serve_config.start(Qwen3_5NeuronForCausalLM, settings, model_dir)
 
 
 @pytest.mark.slow
