@@ -8,4 +8,9 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo_root/scripts/setup_env.sh"
 cd "$repo_root"
-exec python -m pytest -ra "$@" tests
+# The whole tests/ folder unless the arguments name a test path themselves.
+targets=(tests)
+for arg in "$@"; do
+    case "$arg" in tests/*|*.py|*.py::*) targets=() ;; esac
+done
+exec python -m pytest -ra "$@" "${targets[@]}"
