@@ -27,6 +27,7 @@ of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
     python benchmarks/bench_ops.py --quick    # small shapes, a smoke run
     python benchmarks/bench_ops.py --lengths 8192 --batches --dtypes bfloat16 --no-hf --budget 20
                                               # the T = 8192 bf16 rows again, more rounds
+    python benchmarks/bench_ops.py --budget 8 --rounds 60   # every row with more rounds (~6 min)
 """
 
 import argparse
@@ -56,26 +57,40 @@ DIM = 128
 HEADS = ((16, 16), (16, 32))
 
 
-def race(runs, budget_s, max_rounds):
-    """Best wall time (s) of each of ``runs`` (name -> fn), timed round-robin.
+#: A timed sample lasts at least this long: calls shorter than it repeat back to back inside one
+#: sample (timer and scheduler jitter of a few tens of µs otherwise decide sub-millisecond rows).
+MIN_SAMPLE_S = 2e-3
 
-    One warm-up round, then rounds that run every fn once, until ``budget_s`` has passed (at
-    least one round) or ``max_rounds``: a burst of load from elsewhere hits every peer alike.
-    Each round starts one peer later than the last, so no peer always follows the same one
-    (what a peer leaves behind, freed memory or busy threads, then hits each in turn).
+
+def race(runs, budget_s, max_rounds):
+    """Best per-call wall time (s) of each of ``runs`` (name -> fn), timed round-robin.
+
+    Two warm-up calls of each (the first gives the result compared, the second's time how many
+    back-to-back calls make one sample of at least ``MIN_SAMPLE_S``), then rounds that take one sample of every
+    fn, until ``budget_s`` has passed (at least one round) or ``max_rounds``: a burst of load from
+    elsewhere hits every peer alike. Each round starts one peer later than the last, so no peer
+    always follows the same one (what a peer leaves behind, freed memory or busy threads, then
+    hits each in turn).
 
     Returns:
-        ``{name: (best_seconds, result_of_the_warm_up_run)}``.
+        ``{name: (best_seconds_per_call, result_of_the_warm_up_run)}``.
     """
-    results = {name: fn() for name, fn in runs.items()}
+    results, calls = {}, {}
+    for name, fn in runs.items():
+        results[name] = fn()
+        t = time.perf_counter()
+        fn()  # a second call, past first-call costs, sizes the samples
+        calls[name] = max(1, int(MIN_SAMPLE_S / (time.perf_counter() - t)))
     best = {name: float("inf") for name in runs}
     start, rounds = time.perf_counter(), 0
     while rounds < max_rounds and (rounds == 0 or time.perf_counter() - start < budget_s):
         names = list(runs)
         for name in names[rounds % len(names):] + names[:rounds % len(names)]:
+            fn, n = runs[name], calls[name]
             t = time.perf_counter()
-            runs[name]()
-            best[name] = min(best[name], time.perf_counter() - t)
+            for _ in range(n):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - t) / n)
         rounds += 1
     return {name: (best[name], results[name]) for name in runs}
 
@@ -94,7 +109,7 @@ def qwen35_gating(a, b, A_log, dt_bias):
     return g, torch.sigmoid(b.float())
 
 
-def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True):
+def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True, max_rounds=10):
     gen = torch.Generator().manual_seed(tokens + num_v_heads)
     q = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
     k = torch.randn(tokens, num_k_heads, DIM, generator=gen).to(dtype)
@@ -116,7 +131,7 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=Tru
             initial_state=torch.zeros(1, num_v_heads, DIM, DIM), output_final_state=True, cu_seqlens=cu,
             head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32),
             eps=L2NORM_EPS)[0][0]
-    return _row(race(runs, budget_s, max_rounds=10))
+    return _row(race(runs, budget_s, max_rounds))
 
 
 def _row(raced):
@@ -129,7 +144,7 @@ def _row(raced):
     return row
 
 
-def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True):
+def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True, max_rounds=20):
     gen = torch.Generator().manual_seed(batch + num_v_heads)
     q = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
     k = torch.randn(batch, num_k_heads, DIM, generator=gen).to(dtype)
@@ -174,13 +189,13 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True)
     if HAVE_VLLM and dtype == torch.bfloat16:
         runs["vllm"] = run_vllm
         runs["vllm_cpu"] = run_vllm_cpu
-    return _row(race(runs, budget_s, max_rounds=20))
+    return _row(race(runs, budget_s, max_rounds))
 
 
 CONV_CHANNELS, CONV_WIDTH = 8192, 4  # the real models' q | k | v channels and kernel width
 
 
-def bench_conv(phase, size, num_seqs, budget_s):
+def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
     """Paged conv1d of bf16 C = 8192, K = 4: prefill of ``num_seqs`` fresh sequences of ``size``
     tokens in all, or decode of ``size`` rows; ours (torch), vllm_cpu, auto and vLLM's C++ kernel on its own
     ``[S, C, K - 1]`` windows (no page gather, no K-column windows: its floor)."""
@@ -206,7 +221,7 @@ def bench_conv(phase, size, num_seqs, budget_s):
     if HAVE_VLLM and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported():
         runs["vllm_cpu"] = lambda: paged("vllm_cpu")
         runs["vllm"] = vllm
-    return _row(race(runs, budget_s, max_rounds=20))
+    return _row(race(runs, budget_s, max_rounds))
 
 
 def print_conv_table(rows):
@@ -291,25 +306,28 @@ def main():
     parser.add_argument("--batches", type=int, nargs="*", help="decode batches B (default 1 16 64; none: skip)")
     parser.add_argument("--dtypes", nargs="*", choices=("bfloat16", "float32"), default=("bfloat16", "float32"))
     parser.add_argument("--no-hf", action="store_true", help="leave out transformers' functions (slow)")
+    parser.add_argument("--rounds", type=int, help="most timed rounds per case (default 10 prefill, 20 decode "
+                                                   "and conv; --budget ends them sooner)")
     args = parser.parse_args()
     lengths = args.lengths if args.lengths is not None else (256, 512) if args.quick else (512, 2048, 8192)
     batches = args.batches if args.batches is not None else (1, 16) if args.quick else (1, 16, 64)
     dtypes = tuple(getattr(torch, name) for name in args.dtypes)
     bench_prefill(128, 16, 16, torch.bfloat16, 0.0)  # warm up thread pools and lazy imports
     with_hf = hf is not None and not args.no_hf
+    rounds = {} if args.rounds is None else {"max_rounds": args.rounds}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, HF: {with_hf}, "
           f"vLLM C++ kernels: {HAVE_VLLM}; CPU kind {cpu_kind(cpu_flags())}; load averages {os.getloadavg()}")
-    prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget, with_hf))
+    prefill = [((t, hk, hv, d), bench_prefill(t, hk, hv, d, args.budget, with_hf, **rounds))
                for t in lengths for hk, hv in HEADS for d in dtypes]
     print_table("Prefill (one sequence of T tokens, D = 128)", "T", prefill)
-    decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget, with_hf))
+    decode = [((b, hk, hv, d), bench_decode(b, hk, hv, d, args.budget, with_hf, **rounds))
               for b in batches for hk, hv in HEADS for d in dtypes]
     if decode:
         print_table("Decode (one token for each of B sequences, cache slots in place, D = 128)", "B", decode)
     conv_cases = (("prefill", 2048, 8), ("prefill", 8192, 1), ("decode", 1, 1), ("decode", 32, 32))
     if args.quick:
         conv_cases = (("prefill", 2048, 8), ("decode", 1, 1))
-    conv = [(case, bench_conv(*case, args.budget)) for case in conv_cases]
+    conv = [(case, bench_conv(*case, args.budget, **rounds)) for case in conv_cases]
     print_conv_table(conv)
     print(f"load averages at the end {os.getloadavg()}")
     path = RESULTS / "bench_ops.png"
