@@ -31,9 +31,39 @@ https://github.com/vllm-project/vllm-neuron/pull/54), ``vllm_neuron/vllm/worker/
   ``torch.compiler.set_stance("fail_on_recompile")`` (stated in the runner; the worker file
   itself was not in the stored snapshot).
 
-The Neuron scheduler runs one prefill request per step, or a decode step of running
-requests; requests not scheduled in a step leave the persistent batch (vLLM's
-``InputBatch``) and come back at the lowest free row (:func:`serve`).
+Prefill steps, read at the same pin: ``_prepare_model_input_impl`` takes the scheduler's
+``num_scheduled_tokens`` and ``num_scheduled_tokens_padded`` per request and lays the
+requests out in batch-row order, each followed by its own padding (``_create_padded_inputs``:
+ids 0, positions repeating its last one; ``slot_mapping`` of padding ``NULL_BLOCK_ID``);
+``sampling_positions`` is each request's last real token; ``block_table_tensor`` has one row
+per request of the batch; ``max_query_len`` is the largest padded count and the step decodes
+when it is at most ``decode_token_threshold`` (``1 + num_speculative_tokens``); no
+``query_start_loc`` or ``seq_lens`` is passed, and ``cached_seq_len`` is the batch's largest
+computed count ("Neuron currently only supports a prefill batch size of 1",
+``_compute_cached_seq_len``). Prefill warm-up traces one request (block table ``[1, W]``,
+``sampling_positions [1]``), so a prefill step of any other row count would recompile. The
+scheduler (that file is not in the pin's stored snapshot; read in the same release line,
+AWShtokoyo/vllm-neuron @ ``8e6b66ac`` ``vllm_neuron/vllm/core/scheduler.py``, and two other
+forks of it): ``max_prefills_per_batch = 1``, ``can_schedule`` admits no new prompt while a
+prefill (or a chunk of one) is running, prefill and decode requests never share a step
+(``_apply_padding_and_log_stats`` raises on a mixed batch), each prefill request is padded to
+the smallest bucket that holds it. So **the pinned runner sends one prompt (or one chunk of
+one) per prefill step.**
+
+The stand-in serves that way by default (``prefill_rows=1``). With ``prefill_rows=R > 1`` it
+packs up to R requests into one prefill bucket: a continuing chunk first, then new prompts,
+end to end in batch-row order, the bucket's padding after the last one (what the runner's
+input preparation makes of ``num_scheduled_tokens_padded`` equal to the real count for all
+but the last request, which takes the padding), a block table of R rows (rows past the step's
+requests stale), ``sampling_positions [R]`` padded with the last real one, and a warm-up of
+R rows; the step is checked on the host by ``vllm_gdn_neuron.neuron.packing.check_prefill_rows``
+before the compiled forward. Its ``max_query_len`` is the bucket's token count, as the warm-up
+passes it: the runner's own rule (the largest padded count) gives the bucket only when one
+request takes the whole bucket, and Dynamo guards on that int, so a runner packing prompts
+must pass the bucket there or recompile per composition (measured here: the second packed
+step recompiled under ``fail_on_recompile``). Decode steps are as the runner builds them. Requests not
+scheduled in a step leave the persistent batch (vLLM's ``InputBatch``) and come back at the
+lowest free row (:func:`serve`).
 
 The compile backend is a parameter (``backend=``): by default :class:`GraphRecorder`
 (``aot_eager``, keeping every graph); any callable ``(gm, example_inputs, options=None)``.
@@ -48,6 +78,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 import runner_cache
 from vllm_gdn_neuron.neuron.kv_spec import STAND_INS
+from vllm_gdn_neuron.neuron.packing import check_prefill_rows
 
 NULL_BLOCK_ID = 0
 PAD_SLOT_ID = -1
@@ -181,9 +212,15 @@ class NeuronRunnerStandIn:
         settings: the engine settings.
         backend: the compile backend (default: a fresh :class:`GraphRecorder`).
         compile: compile (the runner always does); False runs eagerly, for debugging.
+        prefill_rows: requests one prefill step holds (its block-table rows): 1 as the pinned
+            runner schedules; more packs prompts into one bucket (at most ``max_num_seqs``).
     """
 
-    def __init__(self, model_cls, settings: EngineSettings, *, backend=None, compile: bool = True) -> None:
+    def __init__(self, model_cls, settings: EngineSettings, *, backend=None, compile: bool = True,
+                 prefill_rows: int = 1) -> None:
+        if not 1 <= prefill_rows <= settings.max_num_seqs:
+            raise ValueError(f"prefill_rows: expected 1 .. max_num_seqs = {settings.max_num_seqs}, got {prefill_rows}")
+        self.prefill_rows = prefill_rows
         self.settings = settings
         self.neuron_config = NeuronConfigStandIn(dict(settings.additional_config.get("neuron_config", {})))
         vision = settings.additional_config.get("vision_neuron_config")
@@ -248,14 +285,14 @@ class NeuronRunnerStandIn:
 
     # --- warm-up ------------------------------------------------------------------------------
 
-    def _warmup_metadata(self, num_tokens: int, num_reqs: int) -> dict:
+    def _warmup_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int) -> dict:
         metadata = {}
         for group, width in zip(self.groups, self.widths):
             full = math.ceil(self.settings.max_model_len / group.spec.block_size)
             entry = dict(
                 block_table_tensor=torch.arange(width, dtype=torch.int32)[None].expand(num_reqs, -1).contiguous(),
                 slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
-                max_query_len=num_tokens // num_reqs, block_size=group.spec.block_size, max_blocks_per_seq=width,
+                max_query_len=max_query_len, block_size=group.spec.block_size, max_blocks_per_seq=width,
                 decode_token_threshold=1, cached_seq_len=torch.tensor([[0]], dtype=torch.int32),
                 kv_segment_size=0,
                 full_block_table_tensor=torch.arange(full, dtype=torch.int32)[None].expand(num_reqs, -1).contiguous(),
@@ -265,14 +302,17 @@ class NeuronRunnerStandIn:
         return metadata
 
     def warm_up(self) -> None:
-        """Every prefill bucket, then every decode bucket, on the runner's synthetic inputs."""
+        """Every prefill bucket (``prefill_rows`` requests), then every decode bucket, on the runner's
+        synthetic inputs."""
+        rows = self.prefill_rows
         for bucket in self.prefill_buckets:
             positions = torch.arange(bucket, dtype=torch.int64)
-            self._call(torch.arange(1, bucket + 1, dtype=torch.int32), positions, self._warmup_metadata(bucket, 1),
-                       torch.tensor([bucket - 1]), torch.tensor([[0, 1.0, 1.0]]))
+            self._call(torch.arange(1, bucket + 1, dtype=torch.int32), positions,
+                       self._warmup_metadata(bucket, rows, bucket), torch.tensor([bucket - 1] * rows),
+                       torch.tensor([[0, 1.0, 1.0]] * rows))
         for bucket in self.decode_buckets:
             positions = torch.full((bucket,), WARMUP_CONTEXT_LEN - 1, dtype=torch.int64)
-            self._call(torch.ones(bucket, dtype=torch.int32), positions, self._warmup_metadata(bucket, bucket),
+            self._call(torch.ones(bucket, dtype=torch.int32), positions, self._warmup_metadata(bucket, bucket, 1),
                        torch.arange(bucket), torch.tensor([[0, 1.0, 1.0]] * bucket))
 
     def _call(self, input_ids, positions, metadata, sampling_positions, sampling_params=None):
@@ -367,17 +407,58 @@ class NeuronRunnerStandIn:
     def prefill(self, request: Request, chunk: int) -> int | None:
         """The next ``chunk`` prompt tokens of ``request`` alone, padded to a prefill bucket; its next id
         when the prompt is complete."""
-        start, stop = request.computed, request.computed + chunk
-        bucket = next(b for b in self.prefill_buckets if b >= chunk)
-        self._ensure_blocks(request, stop)
-        self._schedule([request])
-        pad = bucket - chunk
-        input_ids = torch.tensor(request.tokens[start:stop] + [0] * pad, dtype=torch.int32)
-        positions = torch.tensor(list(range(start, stop)) + [stop - 1] * pad, dtype=torch.int64)
-        tokens = [(0, p) for p in range(start, stop)] + [None] * pad
-        logits = self._call(input_ids, positions, self._metadata(1, tokens, bucket), torch.tensor([chunk - 1]))
-        request.computed = stop
-        return int(logits[0].argmax()) if stop == len(request.tokens) else None
+        return self.prefill_packed([(request, chunk)])[0]
+
+    def prefill_packed(self, items: list[tuple[Request, int]]) -> list[int | None]:
+        """One prefill step of ``(request, chunk)`` items: each request's next ``chunk`` prompt tokens, end to
+        end in batch-row order in the smallest prefill bucket that holds them all; per item its next id
+        when its prompt is complete, else None.
+
+        Raises:
+            ValueError: before any work, for more items than ``prefill_rows``, a request twice, a chunk
+                outside ``1 .. tokens left``, or chunks over the largest bucket.
+        """
+        requests = [request for request, _ in items]
+        if not 1 <= len(items) <= self.prefill_rows:
+            raise ValueError(f"prefill step: expected 1 .. prefill_rows = {self.prefill_rows} requests, got {len(items)}")
+        if len(set(map(id, requests))) != len(requests):
+            raise ValueError("prefill step: expected each request once")
+        for request, chunk in items:
+            left = len(request.tokens) - request.computed
+            if not 1 <= chunk <= left:
+                raise ValueError(f"prefill step: expected a chunk of 1 .. {left} tokens (left in the prompt), got {chunk}")
+        total = sum(chunk for _, chunk in items)
+        if total > self.prefill_buckets[-1]:
+            raise ValueError(f"prefill step: expected at most {self.prefill_buckets[-1]} tokens (the largest prefill "
+                             f"bucket), got {total}")
+        bucket = next(b for b in self.prefill_buckets if b >= total)
+        for request, chunk in items:
+            self._ensure_blocks(request, request.computed + chunk)
+        self._schedule(requests)
+        chunks = dict((id(request), chunk) for request, chunk in items)
+        ordered = [(r, chunks[id(r)]) for r in self.batch]  # the runner's req_ids: batch-row order
+        pad = bucket - total
+        ids, positions, tokens, sampling = [], [], [], []
+        for row, (request, chunk) in enumerate(ordered):
+            start = request.computed
+            ids += request.tokens[start:start + chunk]
+            positions += list(range(start, start + chunk))
+            tokens += [(row, p) for p in range(start, start + chunk)]
+            sampling.append(len(ids) - 1)
+        ids += [0] * pad
+        positions += [positions[-1]] * pad
+        tokens += [None] * pad
+        sampling += [sampling[-1]] * (self.prefill_rows - len(ordered))
+        metadata = self._metadata(self.prefill_rows, tokens, bucket)
+        positions = torch.tensor(positions, dtype=torch.int64)
+        for entry in {id(e): e for e in metadata.values()}.values():
+            check_prefill_rows(entry, positions)
+        logits = self._call(torch.tensor(ids, dtype=torch.int32), positions, metadata, torch.tensor(sampling))
+        results = {}
+        for row, (request, chunk) in enumerate(ordered):
+            request.computed += chunk
+            results[id(request)] = int(logits[row].argmax()) if request.computed == len(request.tokens) else None
+        return [results[id(request)] for request in requests]
 
     def decode(self, requests: list[Request]) -> list[int]:
         """One decode step of ``requests`` (one pending token each), padded to a decode bucket."""
@@ -402,12 +483,16 @@ def stand_ins_in_use() -> bool:
 
 
 def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals) -> tuple[list[list[int]], list[tuple]]:
-    """Serve requests arriving over time the Neuron scheduler's way: one prefill chunk of one request
-    per step while one is pending, else decode steps of every running request (batches of the
-    largest decode bucket).
+    """Serve requests arriving over time the Neuron scheduler's way: prefill steps while a prompt is
+    pending, else decode steps of every running request (batches of the largest decode bucket).
+
+    A prefill step takes the pending prompts in arrival order (the one with a chunk in progress
+    first), each its next chunk up to what is left of the largest prefill bucket, up to
+    ``runner.prefill_rows`` of them: with one row, the pinned runner's one prompt (or chunk) per step.
 
     Returns:
-        ``(ids per request, the step compositions)``: ``("prefill", chunk, context)`` or ``("decode", rows)``.
+        ``(ids per request, the step compositions)``: ``("prefill", ((chunk, context), ...))`` or
+        ``("decode", rows)``.
     """
     requests = [Request(list(p), n) for p, n in zip(prompts, max_new_tokens)]
     pending = sorted(range(len(requests)), key=lambda i: arrivals[i])
@@ -418,14 +503,19 @@ def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals) -> tup
         while pending and arrivals[pending[0]] <= step:
             prefilling.append(requests[pending.pop(0)])
         if prefilling:
-            request = prefilling[0]
-            chunk = min(largest_chunk, len(request.prompt) - request.computed)
-            steps.append(("prefill", chunk, request.computed))
-            token = runner.prefill(request, chunk)
-            if token is not None:
-                request.output.append(token)
-                prefilling.pop(0)
-                running.append(request)
+            items, budget = [], largest_chunk
+            for request in prefilling[:runner.prefill_rows]:
+                chunk = min(budget, len(request.prompt) - request.computed)
+                if chunk == 0:
+                    break
+                items.append((request, chunk))
+                budget -= chunk
+            steps.append(("prefill", tuple((chunk, request.computed) for request, chunk in items)))
+            for (request, _), token in zip(items, runner.prefill_packed(items)):
+                if token is not None:
+                    request.output.append(token)
+                    prefilling.remove(request)
+                    running.append(request)
         elif running:
             for start in range(0, len(running), largest_batch):
                 batch = running[start:start + largest_batch]

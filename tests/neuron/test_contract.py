@@ -160,7 +160,7 @@ def test_the_harness_passes_every_metadata_key_the_shell_reads(tiny_model):
     runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=False)
     runner.load_model()
     runner.initialize_kv_cache(runner.get_kv_cache_spec())
-    for metadata in (runner._warmup_metadata(16, 1), runner._metadata(2, [None, None], 1)):
+    for metadata in (runner._warmup_metadata(16, 1, 16), runner._metadata(2, [None, None], 1)):
         for entry in metadata.values():
             assert set(contract.METADATA_KEYS) <= set(entry)
         assert set(metadata) == {n for g in runner.groups for n in g.layer_names}

@@ -37,11 +37,11 @@ def settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine):
 
 
 def run_harness(model_dir, workload, dtype="float32", prefill_buckets=(32,), decode_buckets=(4,), vocab_size=512,
-                model_cls=Qwen3_5NeuronForCausalLM, backend=None, **engine):
-    """Start the runner stand-in (compile ``backend``: the runner's default when None), serve ``workload``;
-    return the ids and what was measured."""
+                model_cls=Qwen3_5NeuronForCausalLM, backend=None, prefill_rows=1, **engine):
+    """Start the runner stand-in (compile ``backend``: the runner's default when None; ``prefill_rows``
+    requests per prefill step), serve ``workload``; return the ids and what was measured."""
     runner = NeuronRunnerStandIn(model_cls, settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine),
-                                 backend=backend)
+                                 backend=backend, prefill_rows=prefill_rows)
     runner.start()
     buckets = len(runner.prefill_buckets) + len(runner.decode_buckets)
     warm_graphs = len(runner.recorder.dynamo_graphs)
@@ -58,13 +58,18 @@ def run_harness(model_dir, workload, dtype="float32", prefill_buckets=(32,), dec
 
 
 def check(result, model_dir, workload, dtype=torch.float32, tie_ulps=oracle.BF16_TIE_ULPS):
+    kinds = {step[0] for step in result["steps"]}
+    assert kinds == {"prefill", "decode"} and len(result["steps"]) >= 2 * len(workload)
+    check_graphs_and_ids(result, model_dir, workload, dtype, tie_ulps)
+
+
+def check_graphs_and_ids(result, model_dir, workload, dtype=torch.float32, tie_ulps=oracle.BF16_TIE_ULPS):
+    """One static graph per bucket, none after warm-up, no graph break or host read; transformers' ids."""
     assert result["warm_graphs"] == result["buckets"], "warm-up did not trace one graph per bucket"
     assert result["graphs"] == result["buckets"], "a step recompiled after warm-up"
     assert result["symbolic"] == 0, "a bucket was traced with symbolic sizes"
     assert result["graph_breaks"] == 0
     assert result["host_reads"] == []
-    kinds = {step[0] for step in result["steps"]}
-    assert kinds == {"prefill", "decode"} and len(result["steps"]) >= 2 * len(workload)
     for prompt, got, (_, new_tokens, _) in zip(result["prompts"], result["ids"], workload):
         want, want_logits = oracle.hf_greedy(model_dir, dtype, prompt, new_tokens)
         if dtype == torch.float32:

@@ -57,7 +57,7 @@ GDN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("exact_plan", [False, True], ids=["bucket-plan", "exact-plan"])
+@pytest.mark.parametrize("exact_plan", [False, True], ids=["varlen-plan", "exact-plan"])
 @pytest.mark.parametrize("hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype", GDN_CASES)
 def test_paged_gdn_mixed_step_matches_reference(hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype, exact_plan):
     step = make_step(NUM_DECODES, LENGTHS, HAS_STATE, seed=hk * 10 + hv)

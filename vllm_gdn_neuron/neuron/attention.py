@@ -3,9 +3,10 @@
 The bound cache of one layer is ``kv_pages [P, 2, Hkv, B, D]`` (page p = block p; K then V;
 B = block size), with the runner's two reserved pages at the end (:mod:`.contract`).
 
-A step is either one prefill sequence of T (bucket-padded) tokens, or R decode rows of one
-token each; the runner's ``block_table_tensor [R, max_blocks]`` names each request's pages.
-Every token attends to
+A step is either a prefill bucket of T tokens holding the prompts (or prompt chunks) of R
+block-table rows end to end (:mod:`.packing`; the pinned runner sends one, R = 1), or R
+decode rows of one token each; the runner's ``block_table_tensor [R, max_blocks]`` names
+each request's pages. Every token attends to
 
 - the request's cached tokens before this step (positions ``< first position of the
   request in this step``), gathered from its pages, and
@@ -25,6 +26,7 @@ from vllm_gdn_neuron.layers.attention import GatedAttentionMath, check_attention
 from vllm_gdn_neuron.neuron.cache import BoundPages
 from vllm_gdn_neuron.neuron.contract import reserved_pages
 from vllm_gdn_neuron.neuron.kv_spec import LayerSpec
+from vllm_gdn_neuron.neuron.packing import prefill_rows
 
 
 class NeuronGatedAttention(GatedAttentionMath):
@@ -84,7 +86,7 @@ class NeuronGatedAttention(GatedAttentionMath):
                 default ``positions`` (they differ only for tokens after an image).
             hidden: ``[T, H]``.
             metadata: this layer's ``attn_metadata`` entry.
-            is_decode: one token per block-table row (else one prefill sequence).
+            is_decode: one token per block-table row (else the rows' prompts packed end to end).
 
         Returns:
             ``[T, H]`` (summed over tensor-parallel ranks).
@@ -94,7 +96,7 @@ class NeuronGatedAttention(GatedAttentionMath):
         live = metadata["slot_mapping"] > 0
         pages = self.kv_pages.view()
         self._write(pages, k, v, metadata["slot_mapping"], live)
-        out = self._attend(pages, q, k, v, positions, live, metadata["block_table_tensor"], is_decode)
+        out = self._attend(pages, q, k, v, positions, live, metadata, is_decode)
         out = self.o_proj(self.gate_output(out, gate))
         return self.tp_group.all_reduce(out)
 
@@ -112,11 +114,18 @@ class NeuronGatedAttention(GatedAttentionMath):
         values = torch.cat([k.reshape(-1, dim), v.reshape(-1, dim)]).to(pages.dtype)
         pages.view(-1, dim).index_copy_(0, rows, values)
 
-    def _attend(self, pages, q, k, v, positions, live, block_table, is_decode):
+    def _attend(self, pages, q, k, v, positions, live, metadata, is_decode):
         """Softmax attention of each token over its request's cached context and this step's tokens."""
         tokens = q.shape[0]
         positions = positions.to(torch.int64)
-        k_ctx, v_ctx, seen = self._gather_context(pages, block_table, live, positions, is_decode)
+        block_table = metadata["block_table_tensor"]
+        rows = block_table.shape[0]
+        if is_decode:
+            row_live, first_position = live[:rows], positions[:rows]
+        else:
+            packed = prefill_rows(metadata, positions)
+            row_live, first_position = packed.lengths > 0, packed.first_position
+        k_ctx, v_ctx, seen = self._gather_context(pages, block_table, row_live, first_position)
         arange = torch.arange(tokens, device=q.device)
         q = q.view(tokens, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
         if is_decode:  # row r: its context, then its own token
@@ -124,11 +133,18 @@ class NeuronGatedAttention(GatedAttentionMath):
             values = torch.cat([v_ctx, v[:, :, None, :].to(v_ctx.dtype)], dim=2).to(q.dtype)
             visible = torch.cat([seen, torch.ones(tokens, 1, dtype=torch.bool, device=q.device)], dim=1)
             scores = torch.einsum("tkgd,tkcd->tkgc", q, keys)
-        else:  # one sequence: its context, then the step's tokens up to each token
-            keys = torch.cat([k_ctx[0], k.transpose(0, 1).to(k_ctx.dtype)], dim=1).to(q.dtype)
-            values = torch.cat([v_ctx[0], v.transpose(0, 1).to(v_ctx.dtype)], dim=1).to(q.dtype)
-            causal = (arange[None, :] <= arange[:, None]) & (live[None, :] | (arange[None, :] == arange[:, None]))
-            visible = torch.cat([seen.expand(tokens, -1), causal], dim=1)
+        else:  # every row's context (its own visible), then the step's tokens of its row up to it
+            context = k_ctx.shape[2]
+            keys = torch.cat([k_ctx.transpose(0, 1).reshape(self.num_kv_heads, rows * context, -1),
+                              k.transpose(0, 1).to(k_ctx.dtype)], dim=1).to(q.dtype)
+            values = torch.cat([v_ctx.transpose(0, 1).reshape(self.num_kv_heads, rows * context, -1),
+                                v.transpose(0, 1).to(v_ctx.dtype)], dim=1).to(q.dtype)
+            token_row = packed.token_row
+            own_row = token_row[:, None] == torch.arange(rows, device=q.device)[None, :]           # [T, R]
+            own_context = (own_row[:, :, None] & seen[None, :, :]).reshape(tokens, rows * context)
+            same_row = (token_row[None, :] == token_row[:, None]) & live[None, :]
+            causal = (arange[None, :] <= arange[:, None]) & (same_row | (arange[None, :] == arange[:, None]))
+            visible = torch.cat([own_context, causal], dim=1)
             scores = torch.einsum("tkgd,kcd->tkgc", q, keys)
         scores = (scores * self.scaling).masked_fill(~visible[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -138,19 +154,18 @@ class NeuronGatedAttention(GatedAttentionMath):
             out = torch.einsum("tkgc,kcd->tkgd", probs, values)
         return out.reshape(tokens, self.num_heads * self.head_dim)
 
-    def _gather_context(self, pages, block_table, live, positions, is_decode):
+    def _gather_context(self, pages, block_table, row_live, first_position):
         """K / V ``[R, Hkv, max_blocks * B, D]`` of each block-table row, and ``seen [R, max_blocks * B]``.
 
-        A row sees the cached positions before its first position in this step. Unseen
-        entries of V are zeros (selected, not multiplied: a recycled page may hold NaNs),
-        and padding rows and unused block-table entries read the zero page.
+        A live row (``row_live [R]``) sees the cached positions before ``first_position [R]``,
+        its first position in this step. Unseen entries of V are zeros (selected, not
+        multiplied: a recycled page may hold NaNs), and dead rows and unused block-table
+        entries read the zero page.
         """
         num_pages, _, kv_heads, block, dim = pages.shape
         zero_page, _ = reserved_pages(num_pages)
         table = block_table.to(torch.int64)
         rows = table.shape[0]
-        row_live = live[:rows] if is_decode else live[:1].expand(rows)
-        first_position = positions[:rows] if is_decode else positions[:1].expand(rows)
         usable = row_live[:, None] & (table > 0) & (table < zero_page)
         table = torch.where(usable, table, zero_page).reshape(-1)
         context = table.shape[0] // rows * block
@@ -158,7 +173,7 @@ class NeuronGatedAttention(GatedAttentionMath):
         v_ctx = pages[:, 1].index_select(0, table).view(rows, -1, kv_heads, block, dim)
         k_ctx = k_ctx.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, context, dim)
         v_ctx = v_ctx.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, context, dim)
-        seen = torch.arange(context, device=table.device)[None, :] < first_position[:, None]
+        seen = row_live[:, None] & (torch.arange(context, device=table.device)[None, :] < first_position[:, None])
         v_ctx = torch.where(seen[:, None, :, None], v_ctx, torch.zeros((), dtype=v_ctx.dtype, device=v_ctx.device))
         k_ctx = torch.where(seen[:, None, :, None], k_ctx, torch.zeros((), dtype=k_ctx.dtype, device=k_ctx.device))
         return k_ctx, v_ctx, seen

@@ -1,12 +1,14 @@
 """The GatedDeltaNet layer on vllm-neuron's page-major state pages.
 
 Per step and layer (:func:`build_gdn_step`; layers of different vLLM cache groups have
-different block tables), from the layer's metadata: the page of each request is ``block_table_tensor[:, 0]`` (the recurrent
-group's block size is ``max_model_len``: one block per sequence); a request is live when
-its first token has ``slot_mapping > 0`` and its page lies below the reserved pages.
-Live requests read and write their page; padding rows read the zero page and write the
-sink (:mod:`.contract`). A prefill sequence starts from zeros when its first position is
-0, else from its page (a chunk continuing a prompt).
+different block tables), from the layer's metadata: the page of each request is
+``block_table_tensor[:, 0]`` (the recurrent group's block size is ``max_model_len``: one
+block per sequence). A decode row is live when its token has ``slot_mapping > 0``; a prefill
+row when it has tokens (:func:`.packing.prefill_rows`: any number of requests packed end to
+end in the bucket); either only where its page lies below the reserved pages. Live requests
+read and write their page; padding rows read the zero page and write the sink
+(:mod:`.contract`). A prefill sequence starts from zeros when its first position is 0, else
+from its page (a chunk continuing a cached prompt).
 
 Per layer: one ``index_select`` of whole page rows, the shared mixer
 (:func:`vllm_gdn_neuron.layers.gated_deltanet.gdn_mix`) on those rows, one ``index_copy_``
@@ -25,6 +27,7 @@ from vllm_gdn_neuron.layers.norms import GatedRMSNorm
 from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, BoundPages, GDNPageLayout
 from vllm_gdn_neuron.neuron.contract import reserved_pages
 from vllm_gdn_neuron.neuron.kv_spec import RecurrentLayerSpec
+from vllm_gdn_neuron.neuron.packing import prefill_rows
 
 
 @dataclass
@@ -34,7 +37,7 @@ class NeuronGDNStep:
     Attributes:
         read_pages, write_pages: ``[R]`` int64 page each row reads / writes.
         decode: the ops' decode metadata over the R gathered rows (decode steps), or None.
-        prefill: the ops' prefill metadata over the one gathered row (prefill steps), or None.
+        prefill: the ops' prefill metadata over the R gathered rows (prefill steps), or None.
     """
 
     read_pages: torch.Tensor
@@ -44,10 +47,11 @@ class NeuronGDNStep:
 
 
 def build_gdn_step(metadata: dict, positions: torch.Tensor, num_pages: int, is_decode: bool) -> NeuronGDNStep:
-    """Static-shape metadata of a decode step (R rows, one token each) or a prefill step (one sequence).
+    """Static-shape metadata of a decode step (R rows, one token each) or a prefill step (R rows packed).
 
     Args:
-        metadata: one GDN layer's ``attn_metadata`` entry (``block_table_tensor``, ``slot_mapping``).
+        metadata: one GDN layer's ``attn_metadata`` entry (``block_table_tensor``, ``slot_mapping``,
+            ``block_size``).
         positions: ``[T]`` token positions.
         num_pages: pages of the bound state view (reserved pages included).
         is_decode: the step's path (``max_query_len <= decode_token_threshold``).
@@ -55,20 +59,20 @@ def build_gdn_step(metadata: dict, positions: torch.Tensor, num_pages: int, is_d
     zero_page, sink = reserved_pages(num_pages)
     slot_mapping = metadata["slot_mapping"]
     block_table = metadata["block_table_tensor"]
-    rows = slot_mapping.shape[0] if is_decode else 1
+    rows = slot_mapping.shape[0] if is_decode else block_table.shape[0]
     pages = block_table[:rows, 0].to(torch.int64)
-    first_live = slot_mapping[:rows] > 0
-    live = first_live & (pages > 0) & (pages < zero_page)
+    if is_decode:
+        has_tokens = slot_mapping[:rows] > 0
+    else:
+        packed = prefill_rows(metadata, positions)
+        has_tokens = packed.lengths > 0
+    live = has_tokens & (pages > 0) & (pages < zero_page)
     read = torch.where(live, pages, zero_page)
     write = torch.where(live, pages, sink)
     local = torch.arange(rows, dtype=torch.int64, device=pages.device)
     if is_decode:
         return NeuronGDNStep(read, write, ops.DecodeStep.build(local), None)
-    num_tokens = slot_mapping.shape[0]
-    length = (slot_mapping > 0).to(torch.int64).sum().reshape(1)
-    query_start_loc = torch.cat([length.new_zeros(1), length])
-    has_state = positions[:1] > 0
-    prefill = ops.PrefillStep.build(query_start_loc, local, has_state, num_tokens)
+    prefill = ops.PrefillStep.build(packed.query_start_loc, local, packed.first_position > 0, slot_mapping.shape[0])
     return NeuronGDNStep(read, write, None, prefill)
 
 
@@ -136,7 +140,7 @@ class NeuronGatedDeltaNet(nn.Module):
             positions: ``[T]`` token positions.
             hidden: ``[T, H]`` in the model dtype.
             metadata: this layer's ``attn_metadata`` entry.
-            is_decode: one token per block-table row (else one prefill sequence).
+            is_decode: one token per block-table row (else the rows' prompts packed end to end).
 
         Returns:
             ``[T, H]`` (summed over tensor-parallel ranks).

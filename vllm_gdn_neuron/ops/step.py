@@ -3,6 +3,9 @@
 The builders use static-shape tensor arithmetic only (no host read unless asked for with
 ``exact_plan=True``), so the same code runs eagerly and inside ``torch.compile(fullgraph=True)``:
 shapes depend on the bucket (rows N, tokens T, sequences S), values on the batch composition.
+A prefill bucket packs any number of sequences up to S whose lengths sum to at most T; its
+trace-safe chunk layout (``VarlenChunkLayout``) has the bucket's ``varlen_chunk_bound(T, S, C)``
+chunks, the most that any such composition has.
 
 Padding: decode rows and prefill sequences that carry no request are routed to the caller's
 reserved pad page; prefill tokens at or after ``query_start_loc[S]`` belong to no sequence. The
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends.torch.chunk_layout import ChunkLayout, ChunkPlan
+from .backends.torch.chunk_layout import ChunkLayout, ChunkPlan, VarlenChunkLayout, varlen_chunk_bound
 from .backends.torch.chunked import GDN_CHUNK_SIZE
 from .validation import INDEX_DTYPES, check_tensor
 
@@ -59,7 +62,8 @@ class PrefillStep:
         num_tokens: T, the token count of the ops' inputs.
         token_seq: ``[T]`` int64 sequence of each token, S for padding tokens.
         is_real_token: ``[T]`` bool, the tokens of a sequence.
-        chunks: the ``ChunkLayout`` of the GDN chunked scan.
+        chunks: the chunk layout of the GDN chunked scan (a ``VarlenChunkLayout`` of the bucket,
+            or the exact ``ChunkLayout`` of the host values).
     """
 
     query_start_loc: torch.Tensor
@@ -68,7 +72,7 @@ class PrefillStep:
     num_tokens: int
     token_seq: torch.Tensor
     is_real_token: torch.Tensor
-    chunks: ChunkLayout
+    chunks: ChunkLayout | VarlenChunkLayout
 
     @classmethod
     def build(cls, query_start_loc, pages, has_state, num_tokens, *, exact_plan=False):
@@ -78,7 +82,8 @@ class PrefillStep:
             has_state: ``[S]`` bool.
             num_tokens: T (a Python int: the bucket's prefill token count).
             exact_plan: plan the chunk scan from the host values of ``query_start_loc`` (tight;
-                eager callers only) instead of from the bucket (T, S) (trace-safe).
+                eager callers only) instead of from the bucket (T, S) (trace-safe: a
+                ``VarlenChunkLayout`` of ``varlen_chunk_bound(T, S, C)`` chunks).
         """
         (num_seqs,) = check_tensor("pages", pages, (("S", None),), INDEX_DTYPES)
         check_tensor("query_start_loc", query_start_loc, (("S+1", num_seqs + 1),), INDEX_DTYPES)
@@ -94,10 +99,11 @@ class PrefillStep:
         token_seq = ends.cumsum(0)[:num_tokens]
         if exact_plan:
             plan = ChunkPlan.exact(bounds.cpu(), GDN_CHUNK_SIZE, num_tokens)
+            chunks = ChunkLayout(bounds, GDN_CHUNK_SIZE, device, plan)
         else:
-            plan = ChunkPlan.bucket(num_tokens, num_seqs, GDN_CHUNK_SIZE)
-        return cls(bounds, pages.to(torch.int64), has_state, num_tokens, token_seq,
-                   tokens < bounds[-1], ChunkLayout(bounds, GDN_CHUNK_SIZE, device, plan))
+            chunks = VarlenChunkLayout(bounds, GDN_CHUNK_SIZE, num_tokens,
+                                       varlen_chunk_bound(num_tokens, num_seqs, GDN_CHUNK_SIZE))
+        return cls(bounds, pages.to(torch.int64), has_state, num_tokens, token_seq, tokens < bounds[-1], chunks)
 
     @property
     def num_seqs(self):

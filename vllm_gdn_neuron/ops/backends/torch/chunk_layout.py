@@ -1,20 +1,24 @@
-"""Packing varlen sequences into fixed-size chunks, ordered for a batched chunk scan.
+"""Packing varlen sequences into fixed-size chunks, ordered for a chunk scan.
 
 Every sequence is cut into chunks of C tokens, the last one zero-padded (k = v = 0, beta = 0,
-g = 0 is exact). Sequences are ranked by their number of chunks, longest first, and chunks are
-stored step-major: all first chunks, then all second chunks, ... At scan step j the sequences
-that may still have a chunk are ranks ``0 .. w_j - 1`` and their chunks are the contiguous range
-``offset_j .. offset_j + w_j``, so the scan works on slices, never on gathers.
+g = 0 is exact). Two layouts, both built by static-shape tensor arithmetic from the
+boundaries once their chunk count is fixed (no host read, no sort: the same code runs eagerly
+and inside ``torch.compile(fullgraph=True)``):
 
-The step widths ``w_j`` are a ``ChunkPlan``: Python ints fixed before the layout is built.
-``ChunkPlan.exact`` reads the sequence lengths on the host and gives each step exactly the
-sequences that have a chunk there (no wasted chunk); ``ChunkPlan.bucket`` needs only the bucket's
-token count T and sequence count S and bounds every width (at step j at most
-``min(S, T // (j * C + 1))`` sequences can still have a chunk), so one plan serves every batch
-composition of the bucket. Given a plan, the layout itself is built by static-shape tensor
-arithmetic on the device (no host read, no sort): the same code runs eagerly and inside
-``torch.compile(fullgraph=True)``. A rank with no chunk at a step gets an all-padding chunk,
-which leaves its state exactly unchanged.
+- ``ChunkLayout`` (step-major, for a tight plan read on the host): sequences are ranked by
+  their number of chunks, longest first, and chunks are stored step-major: all first chunks,
+  then all second chunks, ... At scan step j the sequences that may still have a chunk are
+  ranks ``0 .. w_j - 1`` and their chunks are the contiguous range ``offset_j .. offset_j +
+  w_j``, so the scan works on slices. The step widths ``w_j`` are a ``ChunkPlan``;
+  ``ChunkPlan.exact`` reads the lengths on the host and gives each step exactly the
+  sequences that have a chunk there.
+- ``VarlenChunkLayout`` (token order, trace-safe): the sequences' chunks end to end in token
+  order, scanned one chunk per step by one lane whose state restarts at each sequence's first
+  chunk and is kept at its last. Its chunk count is the bucket's bound
+  ``varlen_chunk_bound(T, S, C) = (T + min(S, T) * (C - 1)) // C``: the most chunks any
+  composition of at most S sequences in T tokens has, so a full worst-case bucket uses every
+  chunk (T = 2048, S = 8, C = 32: 71 chunks, where a step-major layout bounded per step for
+  every composition needs 176).
 """
 
 from dataclasses import dataclass
@@ -61,13 +65,6 @@ class ChunkPlan:
                        for rank in range(width))
         return cls(int(cu_seqlens[-1]) if num_tokens is None else num_tokens, chunk_size, widths, padded)
 
-    @classmethod
-    def bucket(cls, num_tokens, max_seqs, chunk_size):
-        """The plan that fits every composition of at most ``max_seqs`` sequences in ``num_tokens``."""
-        steps = (num_tokens + chunk_size - 1) // chunk_size
-        widths = tuple(min(max_seqs, num_tokens // (j * chunk_size + 1)) for j in range(steps))
-        return cls(num_tokens, chunk_size, widths if max_seqs else ())
-
 
 def longest_first(counts):
     """The stable descending order of ``counts [N]`` (int64): ``[N]`` index of each rank.
@@ -81,22 +78,23 @@ def longest_first(counts):
     return ((rank[None, :] == index[:, None]) * index[None, :]).sum(1)
 
 
-class ChunkLayout:
-    """Where each chunk's tokens come from.
+def varlen_chunk_bound(num_tokens, max_seqs, chunk_size):
+    """The most chunks of ``chunk_size`` that at most ``max_seqs`` sequences of ``num_tokens``
+    tokens in all can have: each sequence of n tokens has ``ceil(n / C) <= (n + C - 1) / C``
+    chunks, so k sequences have at most ``(T + k (C - 1)) // C``, reached by k - 1 one-token
+    sequences beside one of the rest; k = min(S, T)."""
+    return (num_tokens + min(max_seqs, num_tokens) * (chunk_size - 1)) // chunk_size
 
-    Args:
-        cu_seqlens: ``[N + 1]`` int64 sequence boundaries; a CPU tensor when ``plan`` is None
-            (the exact plan is read from it), else on any device (never read on the host). With a
-            bucket plan, trailing boundaries may repeat (empty sequences) and end before T.
-        chunk_size: C.
-        device: where the gather indices live (the device of the data).
-        plan: a ``ChunkPlan`` for ``chunk_size``, or None for ``ChunkPlan.exact(cu_seqlens)``.
 
-    Attributes:
+class _ChunkSlots:
+    """Where each chunk slot's token comes from, and the block-wise gather / scatter over them.
+
+    Attributes (set by the layouts):
         num_tokens: T.
-        order: ``[N]`` sequence index of each rank (longest first).
+        chunk_size: C.
         steps: ``[(offset_j, w_j), ...]`` chunk range of each scan step.
         num_chunks: M, the total number of chunks.
+        num_seqs: N, the sequences.
         token_index: ``[M * C]`` token of each chunk slot; padding slots point at T.
         source_index: ``[M * C]`` token_index with padding slots pointing at token 0 (read,
             then zeroed), so that gathers read the caller's tensors without a padded copy.
@@ -105,33 +103,11 @@ class ChunkLayout:
             for all.
     """
 
-    def __init__(self, cu_seqlens, chunk_size, device, plan=None):
-        if plan is None:
-            plan = ChunkPlan.exact(cu_seqlens, chunk_size)
-        bounds = cu_seqlens.to(torch.int64)
-        if bounds.device != device:
-            bounds = bounds.to(device)
-        self.num_tokens = plan.num_tokens
-        self.chunk_size = chunk_size
-        self.padded_chunks = plan.padded
-        lengths = bounds[1:] - bounds[:-1]
-        chunks_per_seq = (lengths + chunk_size - 1) // chunk_size
-        self.order = longest_first(chunks_per_seq)
-        self.steps, offset, ranks, step_of_row = [], 0, [], []
-        for step, width in enumerate(plan.widths):
-            self.steps.append((offset, width))
-            offset += width
-            ranks.extend(range(width))
-            step_of_row.extend([step] * width)
-        self.num_chunks = offset
-        rank = torch.tensor(ranks, dtype=torch.int64, device=device)
-        step = torch.tensor(step_of_row, dtype=torch.int64, device=device)
-        seq = self.order.index_select(0, rank)
-        start = bounds.index_select(0, seq) + step * chunk_size
-        end = bounds.index_select(0, seq + 1)
-        slot = start[:, None] + torch.arange(chunk_size, device=device)
+    def _set_slots(self, start, end, chunk_size, num_tokens):
+        """Slots of chunks starting at token ``start [M]`` of sequences ending at ``end [M]``."""
+        slot = start[:, None] + torch.arange(chunk_size, device=start.device)
         self.is_padding = (slot >= end[:, None]).reshape(-1)
-        self.token_index = slot.reshape(-1).masked_fill(self.is_padding, self.num_tokens)
+        self.token_index = slot.reshape(-1).masked_fill(self.is_padding, num_tokens)
         self.source_index = self.token_index.masked_fill(self.is_padding, 0)
 
     def blocks(self, min_chunks):
@@ -164,3 +140,94 @@ class ChunkLayout:
         index = self.token_index[lo * self.chunk_size:hi * self.chunk_size]
         rows = torch.empty(chunks.shape[0], chunks.shape[2], *out.shape[1:], dtype=out.dtype, device=out.device)
         out.index_copy_(0, index, rows.copy_(chunks.transpose(1, 2)).flatten(0, 1))
+
+
+class ChunkLayout(_ChunkSlots):
+    """The step-major layout of a ``ChunkPlan``.
+
+    Args:
+        cu_seqlens: ``[N + 1]`` int64 sequence boundaries; a CPU tensor when ``plan`` is None
+            (the exact plan is read from it), else on any device (never read on the host).
+            Trailing boundaries may repeat (empty sequences) and end before T.
+        chunk_size: C.
+        device: where the gather indices live (the device of the data).
+        plan: a ``ChunkPlan`` for ``chunk_size``, or None for ``ChunkPlan.exact(cu_seqlens)``.
+
+    Attributes (besides those of ``_ChunkSlots``):
+        order: ``[N]`` sequence index of each rank (longest first).
+    """
+
+    def __init__(self, cu_seqlens, chunk_size, device, plan=None):
+        if plan is None:
+            plan = ChunkPlan.exact(cu_seqlens, chunk_size)
+        bounds = cu_seqlens.to(torch.int64)
+        if bounds.device != device:
+            bounds = bounds.to(device)
+        self.num_tokens = plan.num_tokens
+        self.chunk_size = chunk_size
+        self.padded_chunks = plan.padded
+        lengths = bounds[1:] - bounds[:-1]
+        chunks_per_seq = (lengths + chunk_size - 1) // chunk_size
+        self.order = longest_first(chunks_per_seq)
+        self.num_seqs = self.order.shape[0]
+        self.steps, offset, ranks, step_of_row = [], 0, [], []
+        for step, width in enumerate(plan.widths):
+            self.steps.append((offset, width))
+            offset += width
+            ranks.extend(range(width))
+            step_of_row.extend([step] * width)
+        self.num_chunks = offset
+        rank = torch.tensor(ranks, dtype=torch.int64, device=device)
+        step = torch.tensor(step_of_row, dtype=torch.int64, device=device)
+        seq = self.order.index_select(0, rank)
+        self._set_slots(bounds.index_select(0, seq) + step * chunk_size, bounds.index_select(0, seq + 1),
+                        chunk_size, self.num_tokens)
+
+
+class VarlenChunkLayout(_ChunkSlots):
+    """The sequences' chunks end to end in token order, one chunk per scan step.
+
+    Chunk m holds chunk j of sequence ``chunk_seq[m]``, tokens ``cu_seqlens[seq] + j C`` on;
+    chunks past the last real one are all padding (``chunk_seq`` = N). The scan runs one lane:
+    at a chunk that ``starts`` a sequence the lane takes that sequence's initial state, and
+    after a chunk that ``ends`` one the lane is that sequence's final state.
+
+    Args:
+        cu_seqlens: ``[N + 1]`` int64 boundaries, non-decreasing, on any device (never read on
+            the host); empty sequences (repeated boundaries) have no chunk.
+        chunk_size: C.
+        num_tokens: T (tokens from ``cu_seqlens[N]`` on are padding).
+        num_chunks: M, at least the real chunk count (``varlen_chunk_bound`` for a bucket).
+
+    Attributes (besides those of ``_ChunkSlots``):
+        chunk_seq: ``[M]`` int64 sequence of each chunk (N for padding chunks).
+        starts: ``[M]`` bool, the chunk is its sequence's first.
+        final_index: ``[M]`` int64 sequence whose final state the lane holds after the chunk,
+            N where it holds none (the chunk ends no sequence).
+    """
+
+    def __init__(self, cu_seqlens, chunk_size, num_tokens, num_chunks):
+        bounds = cu_seqlens.to(torch.int64)
+        device = bounds.device
+        num_seqs = bounds.shape[0] - 1
+        self.num_seqs = num_seqs
+        self.num_tokens = num_tokens
+        self.chunk_size = chunk_size
+        self.num_chunks = num_chunks
+        self.padded_chunks = None
+        self.steps = [(m, 1) for m in range(num_chunks)]
+        per_seq = (bounds[1:] - bounds[:-1] + chunk_size - 1) // chunk_size
+        last = per_seq.cumsum(0)
+        # Sequence of chunk m = how many sequences end at or before it (a cumsum of end marks).
+        ends = torch.zeros(num_chunks + 1, dtype=torch.int64, device=device)
+        ends.index_add_(0, last.clamp(max=num_chunks), torch.ones_like(last))
+        seq = ends.cumsum(0)[:num_chunks]
+        real = seq < num_seqs
+        at = seq.clamp(max=max(num_seqs - 1, 0))
+        chunk = torch.arange(num_chunks, dtype=torch.int64, device=device) - (last - per_seq).index_select(0, at)
+        self.chunk_seq = seq
+        self.starts = real & (chunk == 0)
+        self.final_index = torch.where(real & (chunk == per_seq.index_select(0, at) - 1), seq, num_seqs)
+        start = bounds.index_select(0, at) + chunk * chunk_size
+        end = torch.where(real, bounds.index_select(0, at + 1), start)
+        self._set_slots(start, end, chunk_size, num_tokens)

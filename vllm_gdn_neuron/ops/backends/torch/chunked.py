@@ -23,7 +23,7 @@ factors <= 1, and the diagonal sub-chunk blocks take the pairwise exp per channe
 
 import torch
 
-from .chunk_layout import ChunkLayout
+from .chunk_layout import ChunkLayout, VarlenChunkLayout
 from .common import qk_factors
 from .triangular import unit_lower_inverse
 
@@ -147,20 +147,59 @@ def _scan(state, steps, lo, u, w, decayed_q, keys, chunk_decay, out):
         s.baddbmm_(keys[chunks].view(flat, size, dim_k).transpose(1, 2), written)
 
 
+class _RankedStates:
+    """The states of a step-major ``ChunkLayout``: one per rank, advanced in place."""
+
+    def __init__(self, layout, initial):
+        self.order = layout.order
+        self.state = initial.index_select(0, layout.order).contiguous()
+
+    def scan(self, steps, lo, *chunk_tensors):
+        _scan(self.state, steps, lo, *chunk_tensors)
+
+    def final(self):
+        final_state = torch.empty_like(self.state)
+        final_state[self.order] = self.state
+        return final_state
+
+
+class _LaneStates:
+    """The states of a ``VarlenChunkLayout``: one lane, restarted at each sequence's first chunk
+    from its initial state and copied out after its last chunk (row N takes the copies of chunks
+    that end no sequence)."""
+
+    def __init__(self, layout, initial):
+        self.layout = layout
+        self.initial = torch.cat([initial, initial.new_zeros((1,) + initial.shape[1:])])
+        self.states = self.initial.clone()
+        self.lane = initial.new_zeros((1,) + initial.shape[1:])
+
+    def scan(self, steps, lo, *chunk_tensors):
+        layout = self.layout
+        for offset, active in steps:
+            here = slice(offset, offset + 1)
+            fresh = self.initial.index_select(0, layout.chunk_seq[here])
+            self.lane = torch.where(layout.starts[here].view(1, 1, 1, 1), fresh, self.lane).contiguous()
+            _scan(self.lane, [(offset, active)], lo, *chunk_tensors)
+            self.states.index_copy_(0, layout.final_index[here], self.lane)
+
+    def final(self):
+        return self.states[:-1]
+
+
 def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, chunk_size, block_chunks,
              layout=None):
     """Shared driver: pack into chunks, build per-chunk tensors per block, scan, unpack.
 
-    ``layout``: a prebuilt ``ChunkLayout`` of ``chunk_size`` (then ``cu_seqlens`` is not read).
+    ``layout``: a prebuilt ``ChunkLayout`` or ``VarlenChunkLayout`` of ``chunk_size`` (then
+    ``cu_seqlens`` is not read).
     """
     num_v_heads, dim_v, dim_k = v.shape[1], v.shape[2], q.shape[2]
     group = num_v_heads // q.shape[1]
     layout = ChunkLayout(cu_seqlens, chunk_size, q.device) if layout is None else layout
-    num_seqs = layout.order.shape[0]
     if initial_state is None:
-        state = v.new_zeros(num_seqs, num_v_heads, dim_k, dim_v, dtype=torch.float32)
-    else:
-        state = initial_state.index_select(0, layout.order).float().contiguous()
+        initial_state = v.new_zeros(layout.num_seqs, num_v_heads, dim_k, dim_v, dtype=torch.float32)
+    states = (_LaneStates if isinstance(layout, VarlenChunkLayout) else _RankedStates)(layout, initial_state.float())
     out = v.new_empty(layout.num_tokens + 1, num_v_heads, dim_v)
     for lo, hi, steps in layout.blocks(block_chunks):
         chunk_q, chunk_k, chunk_v = (layout.gather(x, lo, hi) for x in (q, k, v))
@@ -170,11 +209,9 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
         chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gates]
         u, w, decayed_q, p, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
         o = torch.empty_like(u)
-        _scan(state, steps, lo, u, w, decayed_q, keys, chunk_decay, o)
+        states.scan(steps, lo, u, w, decayed_q, keys, chunk_decay, o)
         layout.scatter(out, o.flatten(0, 1).baddbmm_(p.flatten(0, 1), u.flatten(0, 1)).view(o.shape), lo, hi)
-    final_state = torch.empty_like(state)
-    final_state[layout.order] = state
-    return out[:-1], final_state
+    return out[:-1], states.final()
 
 
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, layout=None):
