@@ -34,8 +34,15 @@ def _message(text: str, urls: list[str]) -> list[dict]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
-@pytest.fixture(scope="module", params=[("qwen3_5-vl", "float32"), ("qwen3_5-vl", "bfloat16"),
-                                        ("qwen3_5-moe-vl", "float32")], ids=lambda p: "-".join(p))
+DENSE_FP32, DENSE_BF16, MOE_FP32 = ("qwen3_5-vl", "float32"), ("qwen3_5-vl", "bfloat16"), ("qwen3_5-moe-vl", "float32")
+
+
+def engines(*params):
+    """Run a test on these engines (one engine per kind for the module, shared by its tests)."""
+    return pytest.mark.parametrize("vl_engine", params, indirect=True, ids=["-".join(p) for p in params])
+
+
+@pytest.fixture(scope="module")
 def vl_engine(request, tiny_models, tmp_path_factory):
     model, dtype = request.param
     media = tmp_path_factory.mktemp("media")
@@ -55,6 +62,7 @@ def _check(llm_output, model_dir, dtype, images, video_frames=None):
 
 
 @pytest.mark.slow
+@engines(DENSE_FP32, DENSE_BF16, MOE_FP32)
 def test_images_match_transformers(vl_engine):
     llm, model_dir, dtype, media = vl_engine
     images = [noise_image(w, h, seed) for seed, (w, h) in enumerate(SIZES)]
@@ -71,6 +79,7 @@ def test_images_match_transformers(vl_engine):
 
 
 @pytest.mark.slow
+@engines(DENSE_FP32, DENSE_BF16)
 def test_mixed_batch_and_prefix_cache(vl_engine):
     """Text-only and image requests in one batch; then the image prompts again (their
     prefix blocks, image tokens included, come from the cache) and the same text with
@@ -100,6 +109,7 @@ BAD_REQUESTS = [
 
 
 @pytest.mark.slow
+@engines(DENSE_FP32)
 def test_bad_images_are_refused_and_the_engine_serves_on(vl_engine):
     llm, model_dir, dtype, _ = vl_engine
     for urls, problem in BAD_REQUESTS:
@@ -110,6 +120,7 @@ def test_bad_images_are_refused_and_the_engine_serves_on(vl_engine):
 
 
 @pytest.mark.slow
+@engines(DENSE_FP32, DENSE_BF16, MOE_FP32)
 def test_video_matches_transformers_or_is_refused(vl_engine):
     """A 5-frame clip (3 temporal patches, the last frame repeated) on the checkpoint with a video
     processor; the one without (the MoE one) refuses it with a 400 naming the video."""
