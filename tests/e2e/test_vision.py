@@ -79,7 +79,7 @@ def test_images_match_transformers(vl_engine):
 
 
 @pytest.mark.slow
-@engines(DENSE_FP32, DENSE_BF16)
+@engines(DENSE_FP32)
 def test_mixed_batch_and_prefix_cache(vl_engine):
     """Text-only and image requests in one batch; then the image prompts again (their
     prefix blocks, image tokens included, come from the cache) and the same text with
