@@ -13,8 +13,16 @@ the checkpoint names and layouts are the real ones:
 | qwen3_5-dense | Qwen3_5ForCausalLM | dense MLP, tied embeddings, GDN GQA 2:4, Dk != Dv, an MTP shard to skip |
 | qwen3_5-moe | Qwen3_5MoeForCausalLM | routed experts + shared expert, untied lm_head |
 | qwen3-next | Qwen3NextForCausalLM | packed per-key-head in_proj_qkvz / in_proj_ba, MoE every 2nd layer |
-| qwen3_5-vl | Qwen3_5ForConditionalGeneration | text under model.language_model., a vision tower to skip |
+| qwen3_5-vl | Qwen3_5ForConditionalGeneration | text under model.language_model., a 2-block vision tower, M-RoPE, image processor |
 | qwen3_5-moe-vl | Qwen3_5MoeForConditionalGeneration | the same for the MoE text decoder |
+
+The vision-language ones carry the checkpoints' vision tokens (``VISION_TOKENS``, trained
+as special tokens so their ids are inside the 512-token vocabulary), a chat template that
+renders image parts as ``<|vision_start|><|image_pad|><|vision_end|>``, and a
+``preprocessor_config.json`` for transformers' Qwen2-VL image processor with 8-pixel
+patches and at most ``VL_MAX_PIXELS`` pixels per image (64 merged tokens). The dense one
+also has a ``video_preprocessor_config.json``; the MoE one has none (a checkpoint without
+video support).
 
 ``initializer_range`` is large (0.08) and the MoE routers are scaled up (ROUTER_GAIN) so
 greedy decisions are decisive: near-flat logits or near-equal router scores let bf16
@@ -53,12 +61,39 @@ REAL_EXPERTS = 8
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+VL_MODELS = ("qwen3_5-vl", "qwen3_5-moe-vl")
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# Content as a string or as OpenAI-style parts (text, image, video), as the published template takes it.
+VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] in ('image', 'image_url') %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] in ('video', 'video_url') %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# The tiny vision tower: 8-pixel patches, 2x2 merge, an 8x8 learned position table.
+VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=8,
+              temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=64)
+# Its image processor's pixel budget: from one merged token (16x16 pixels) to 64 of them.
+VL_MIN_PIXELS = 16 * 16
+VL_MAX_PIXELS = 64 * 16 * 16
+# A clip's pixel budget (all its frames): 64 merged tokens in all.
+VL_MAX_VIDEO_PIXELS = 2 * VL_MAX_PIXELS
+# Interleaved M-RoPE over the tiny head's 4 rotary frequencies (the published ones use [11, 11, 10] of 32).
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+VL_ROPE = dict(_ROPE, mrope_section=[2, 1, 1], mrope_interleaved=True)
 
 _WORDS = (
     "the a state gate delta rule chunk token head key value query decay kernel cache slot "
@@ -82,7 +117,7 @@ _COMMON = dict(
     max_position_embeddings=4096,
     initializer_range=0.08,
     rms_norm_eps=1e-6,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    rope_parameters=dict(_ROPE),
 )
 
 
@@ -107,8 +142,9 @@ def filler_words():
                 yield first + second + third
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE):
-    """A byte-level BPE with ChatML special tokens and chat template, of ``vocab_size`` tokens.
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, vision: bool = False):
+    """A byte-level BPE with ChatML special tokens and chat template, of ``vocab_size`` tokens
+    (``vision``: also the vision tokens, and the template that renders image / video parts).
 
     The first VOCAB_SIZE tokens are trained on :func:`corpus`; past them (a real-dims
     vocabulary) each id is a space and a pseudo-word of :func:`filler_words`, so every id
@@ -127,7 +163,7 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + (VISION_TOKENS if vision else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
@@ -144,12 +180,13 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
         pad_token="<|endoftext|>",
         bos_token=None,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = VL_CHAT_TEMPLATE if vision else CHAT_TEMPLATE
     return fast
 
 
 def _text_kwargs(tokenizer, **extra) -> dict:
-    kwargs = dict(_COMMON, vocab_size=VOCAB_SIZE, **extra)
+    kwargs = dict(_COMMON, vocab_size=VOCAB_SIZE)
+    kwargs.update(extra)
     kwargs.update(
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -179,14 +216,15 @@ def build_model(name: str, tokenizer):
             )
         )
         return tf.Qwen3NextForCausalLM(config)
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=8)
+    vision_ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
+                          tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     if name == "qwen3_5-vl":
-        text = _text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True)
-        config = tf.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
+        text = _text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True, rope_parameters=dict(VL_ROPE))
+        config = tf.Qwen3_5Config(text_config=text, vision_config=VISION, tie_word_embeddings=True, **vision_ids)
         return tf.Qwen3_5ForConditionalGeneration(config)
     if name == "qwen3_5-moe-vl":
-        text = _text_kwargs(tokenizer, **_MOE, tie_word_embeddings=False)
-        config = tf.Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+        text = _text_kwargs(tokenizer, **_MOE, tie_word_embeddings=False, rope_parameters=dict(VL_ROPE))
+        config = tf.Qwen3_5MoeConfig(text_config=text, vision_config=VISION, tie_word_embeddings=False, **vision_ids)
         return tf.Qwen3_5MoeForConditionalGeneration(config)
     raise ValueError(f"name must be one of {list(MODELS)}; got {name!r}")
 
@@ -305,6 +343,37 @@ def add_mtp_shard(folder: pathlib.Path, config) -> None:
     index_path.write_text(json.dumps(index, indent=2) + "\n")
 
 
+def save_image_processor(folder: pathlib.Path, vision_config) -> None:
+    """``preprocessor_config.json``: transformers' Qwen2-VL image processor sized for the tiny tower.
+
+    Its PIL implementation (``Qwen2VLImageProcessorPil``) is what loads it without torchvision.
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=vision_config.patch_size, temporal_patch_size=vision_config.temporal_patch_size,
+        merge_size=vision_config.spatial_merge_size, size={"shortest_edge": VL_MIN_PIXELS, "longest_edge": VL_MAX_PIXELS},
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    )
+    processor.save_pretrained(folder)
+
+
+def save_video_processor(folder: pathlib.Path, vision_config) -> None:
+    """``video_preprocessor_config.json`` (Qwen3-VL's video processor fields) sized for the tiny tower.
+
+    Written as JSON: transformers' video processor classes need torchvision to be built.
+    """
+    config = {
+        "video_processor_type": "Qwen3VLVideoProcessor", "processor_class": "Qwen3VLProcessor",
+        "patch_size": vision_config.patch_size, "temporal_patch_size": vision_config.temporal_patch_size,
+        "merge_size": vision_config.spatial_merge_size, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "rescale_factor": 1 / 255, "do_rescale": True, "do_normalize": True, "do_resize": True,
+        "size": {"shortest_edge": VL_MIN_PIXELS * vision_config.temporal_patch_size, "longest_edge": VL_MAX_VIDEO_PIXELS},
+        "fps": 2, "min_frames": 2, "max_frames": 16,
+    }
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def build(
     name: str, out_dir: pathlib.Path, seed: int = 0, num_layers: int = REAL_LAYERS, num_experts: int = REAL_EXPERTS
 ) -> pathlib.Path:
@@ -323,7 +392,7 @@ def build(
     if staging.exists():
         shutil.rmtree(staging)
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer(published_dims(name)["vocab_size"] if real else VOCAB_SIZE)
+    tokenizer = build_tokenizer(published_dims(name)["vocab_size"] if real else VOCAB_SIZE, vision=name in VL_MODELS)
     if real:
         # Initialised in bf16 directly: an fp32 copy of a 2.6 GB checkpoint would double the peak.
         default_dtype = torch.get_default_dtype()
@@ -341,6 +410,10 @@ def build(
     tokenizer.save_pretrained(staging)
     if name == "qwen3_5-dense":
         add_mtp_shard(staging, model.config)
+    if name in VL_MODELS:
+        save_image_processor(staging, model.config.vision_config)
+    if name == "qwen3_5-vl":  # the MoE one stands for a checkpoint without video support
+        save_video_processor(staging, model.config.vision_config)
     record = {"name": name, "seed": seed}
     if real:
         record.update(num_layers=num_layers, num_experts=num_experts)

@@ -89,8 +89,10 @@ def register() -> None:
 def prepare_config(vllm_config) -> None:
     """Adjust and check an engine config before anything is built.
 
-    - Text-only serving: drops the multimodal M-RoPE fields so vLLM feeds 1-D
-      positions (M-RoPE equals plain RoPE on text positions).
+    - Text-only serving (a text model, or a vision-language one with every modality's
+      ``--limit-mm-per-prompt`` at 0): drops the multimodal M-RoPE fields so vLLM feeds
+      1-D positions (M-RoPE equals plain RoPE on text positions). With images or video
+      enabled they stay, and vLLM feeds ``[3, T]`` positions.
     - Refuses what the GatedDeltaNet layer cannot serve with a ``ValueError`` naming
       the setting (see :func:`vllm_gdn_neuron.layers.gdn_cache.check_gdn_config`).
     """
@@ -100,7 +102,10 @@ def prepare_config(vllm_config) -> None:
 
     model_config = vllm_config.model_config
     text_config = model_config.hf_text_config
-    for config in {id(c): c for c in (model_config.hf_config, text_config)}.values():
+    mm_config = model_config.multimodal_config
+    serves_media = mm_config is not None and any(mm_config.get_limit_per_prompt(m) > 0 for m in ("image", "video"))
+    text_only_configs = () if serves_media else {id(c): c for c in (model_config.hf_config, text_config)}.values()
+    for config in text_only_configs:
         rope_parameters = getattr(config, "rope_parameters", None)
         if isinstance(rope_parameters, dict):
             for key in MROPE_KEYS:

@@ -60,10 +60,12 @@ def hf_greedy(model_dir: str, dtype: torch.dtype, prompt_ids: list[int], max_new
     return _generate(hf_model(model_dir, dtype), prompt_ids, max_new_tokens)
 
 
-def _generate(model, prompt_ids: list[int], max_new_tokens: int):
+def _generate(model, prompt_ids: list[int], max_new_tokens: int, **model_inputs):
+    """Greedy ids and logits (``hf_greedy``); ``model_inputs``: more ``generate`` inputs (pixel values)."""
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt_ids]),
+            **model_inputs,
             eos_token_id=-1,
             max_new_tokens=max_new_tokens,
             do_sample=False,

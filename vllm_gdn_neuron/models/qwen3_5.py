@@ -12,7 +12,11 @@ for layer:  h, r = norm_in(x, r); h = mixer(h); h, r = norm_post(h, r); x = ffn(
 logits = lm_head(norm(x, r))          # lm_head is embed_tokens when the config ties them
 ```
 
-The model classes differ only in how the checkpoint is laid out (see ``weights.py``).
+The text model classes differ only in how the checkpoint is laid out (see ``weights.py``).
+The vision-language classes wrap the text model (``language_model``) and add the vision
+tower (``visual``, :class:`vllm_gdn_neuron.layers.vision.VisionTower`): vLLM runs the tower
+on each request's images, scatters the merged embeddings over the image placeholder
+tokens and feeds M-RoPE positions (``[3, T]``) to the attention layers.
 """
 
 from collections.abc import Iterable
@@ -26,16 +30,26 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsMRoPE, SupportsMultiModal
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.inputs import MultiModalFeatureSpec
 from vllm.sequence import IntermediateTensors
 
-from vllm_gdn_neuron.layers.checkpoint import MTP_PREFIX, text_tensor_name
+from vllm_gdn_neuron.layers.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
 from vllm_gdn_neuron.layers.dims import is_sparse_layer
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.layers.vision import VisionTower, mrope_positions, token_runs, vision_grid_inputs
 from vllm_gdn_neuron.models.attention import GatedAttention
 from vllm_gdn_neuron.models.gated_deltanet import GatedDeltaNet
 from vllm_gdn_neuron.models.mlp import SparseMoE, SwiGLUMLP
+from vllm_gdn_neuron.models.vision_processing import (
+    IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
+    Qwen3_5VisionDummyInputsBuilder,
+    Qwen3_5VisionMultiModalProcessor,
+    Qwen3_5VisionProcessingInfo,
+)
 from vllm_gdn_neuron.models.weights import plan_loads
 
 # Under the "vllm" logger so vLLM's log configuration prints it.
@@ -205,7 +219,7 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
                     loader(param, part, shard)
                 loaded.add(param_name)
         if skipped_vision:
-            logger.info("vllm-gdn-neuron serves the text part only: skipped %d vision-tower tensors", skipped_vision)
+            logger.info("vllm-gdn-neuron: skipped %d vision-tower tensors (text-only deployment)", skipped_vision)
         return loaded
 
     def _load_experts(self, name: str, tensor: torch.Tensor) -> set[str]:
@@ -220,12 +234,125 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
     """Qwen3.5-MoE text decoder (``Qwen3_5MoeForCausalLM`` checkpoints)."""
 
 
-class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
-    """The text part of a Qwen3.5 vision-language checkpoint; the vision tower is skipped."""
+@MULTIMODAL_REGISTRY.register_processor(
+    Qwen3_5VisionMultiModalProcessor, info=Qwen3_5VisionProcessingInfo, dummy_inputs=Qwen3_5VisionDummyInputsBuilder
+)
+class Qwen3_5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsMRoPE, HasInnerState, IsHybrid):
+    """A Qwen3.5 vision-language checkpoint: the vision tower and the text decoder.
+
+    With ``--limit-mm-per-prompt '{"image": 0, "video": 0}'`` (or ``--language-model-only``)
+    vLLM builds no tower (``_mark_tower_model``) and its tensors are skipped at load.
+    """
+
+    text_model_class = Qwen3_5ForCausalLM
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        self.config = vllm_config.model_config.hf_config
+        with self._mark_tower_model(vllm_config, {"image", "video"}):
+            self.visual = VisionTower(self.config.vision_config)
+        with self._mark_language_model(vllm_config):
+            self.language_model = self.text_model_class(vllm_config=vllm_config)
+
+    @classmethod
+    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
+        if modality.startswith("image"):
+            return IMAGE_PLACEHOLDER
+        if modality.startswith("video"):
+            return VIDEO_PLACEHOLDER
+        raise ValueError(f"modality must be 'image' or 'video'; got {modality!r}")
+
+    def embed_multimodal(self, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        """The merged embeddings ``[t*h*w / m^2, H]`` of each image, then each video, of the batch."""
+        embeddings: list[torch.Tensor] = []
+        for pixels_key, grid_key in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+            pixel_values, grid_thw = kwargs.get(pixels_key), kwargs.get(grid_key)
+            if pixel_values is None:
+                continue
+            if isinstance(pixel_values, (list, tuple)):
+                pixel_values = torch.cat(list(pixel_values))
+            if isinstance(grid_thw, (list, tuple)):
+                grid_thw = torch.stack(list(grid_thw))
+            grid = vision_grid_inputs(grid_thw, self.visual.spatial_merge_size, self.visual.num_grid_per_side)
+            embeddings += self.visual.forward_grid(pixel_values, grid).split(grid.merged_lengths)
+        return tuple(embeddings)
+
+    def get_mrope_input_positions(
+        self, input_tokens: list[int], mm_features: list[MultiModalFeatureSpec]
+    ) -> tuple[torch.Tensor, int]:
+        """``[3, T]`` M-RoPE positions of a prompt and the decode delta (see :func:`mrope_positions`).
+
+        Each run of image / video tokens inside a feature's placeholder is one frame group (an
+        image, or one temporal patch of a video, between its timestamp and markers).
+        """
+        merge = self.config.vision_config.spatial_merge_size
+        groups = []
+        for feature in mm_features:
+            key, token = (("image_grid_thw", self.config.image_token_id) if feature.modality == "image"
+                          else ("video_grid_thw", self.config.video_token_id))
+            frames, height, width = (int(v) for v in feature.data[key].data.tolist())
+            start, length = feature.mm_position.offset, feature.mm_position.length
+            runs = token_runs(input_tokens[start:start + length], token)
+            if len(runs) != frames or any(count != height * width // merge**2 for _, count in runs):
+                raise ValueError(f"{feature.modality} placeholder at {start} must hold {frames} runs of "
+                                 f"{height * width // merge**2} tokens; got run lengths {[c for _, c in runs]}")
+            groups += [(start + offset, height // merge, width // merge) for offset, _ in runs]
+        return mrope_positions(len(input_tokens), groups)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        """[T] ids (or [T, H] embeddings with the images scattered in) and [T] or [3, T] positions -> [T, H]."""
+        return self.language_model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.language_model.compute_logits(hidden_states)
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        return cls.text_model_class.get_mamba_state_shape_from_config(vllm_config)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        return cls.text_model_class.get_mamba_state_dtype_from_config(vllm_config)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return cls.text_model_class.get_mamba_state_copy_func()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Vision tensors to the tower (skipped when vLLM built none), the rest to the text model."""
+        has_tower = isinstance(self.visual, VisionTower)
+        tower_params = dict(self.visual.named_parameters()) if has_tower else {}
+        loaded: set[str] = set()
+
+        def text_weights():
+            for checkpoint_name, tensor in weights:
+                name = vision_tensor_name(checkpoint_name)
+                if name is None:
+                    yield checkpoint_name, tensor
+                elif has_tower:
+                    if name not in tower_params:
+                        raise ValueError(f"checkpoint tensor {checkpoint_name!r} has no parameter {name!r} in the "
+                                         f"vision tower (is vision_config right?)")
+                    default_weight_loader(tower_params[name], tensor)
+                    loaded.add(f"visual.{name}")
+                else:
+                    yield checkpoint_name, tensor  # the text model counts and skips it
+
+        loaded |= {f"language_model.{name}" for name in self.language_model.load_weights(text_weights())}
+        return loaded
 
 
-class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForCausalLM):
-    """The text part of a Qwen3.5-MoE vision-language checkpoint; the vision tower is skipped."""
+class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForConditionalGeneration):
+    """A Qwen3.5-MoE vision-language checkpoint: the vision tower and the MoE text decoder."""
+
+    text_model_class = Qwen3_5MoeForCausalLM
 
 
 class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
