@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
-from vllm_gdn_neuron.layers.rotary import PartialRotaryEmbedding, text_rope_parameters
+from vllm_gdn_neuron.layers.rotary import PartialRotaryEmbedding
 
 
 def check_attention_heads(config, tp_size: int) -> None:
@@ -48,13 +48,13 @@ class GatedAttentionMath(nn.Module):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.q_norm = ZeroCentredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = ZeroCentredRMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.rotary_emb = PartialRotaryEmbedding(self.head_dim, text_rope_parameters(config))
+        self.rotary_emb = PartialRotaryEmbedding(self.head_dim, config.rope_parameters or {})
 
     def split_and_rotate(self, positions: torch.Tensor, q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Project-side math.
 
         Args:
-            positions: ``[T]`` token positions.
+            positions: ``[T]`` token positions, or ``[3, T]`` M-RoPE positions (see ``rotary.py``).
             q_gate: ``[T, Hq * 2 * D]`` (per head: D query dims, then D gate dims).
             k, v: ``[T, Hkv * D]``.
 
