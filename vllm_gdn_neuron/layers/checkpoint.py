@@ -1,8 +1,8 @@
 """The Hugging Face checkpoint layouts of Qwen3.5 / Qwen3-Next, shared by both shells.
 
-- Vision-language checkpoints keep the text decoder under ``model.language_model.``;
-  their vision tower (``model.visual.`` / ``visual.``) and any multi-token-prediction
-  head (``mtp.``) are not served.
+- Vision-language checkpoints keep the text decoder under ``model.language_model.`` and
+  the vision tower under ``model.visual.`` (``visual.`` in older exports): see
+  :func:`vision_tensor_name`. A multi-token-prediction head (``mtp.``) is not served.
 - Qwen3.5 stores the GatedDeltaNet projections separately: ``in_proj_qkv`` (flat
   ``[q all heads | k all heads | v all heads]``), ``in_proj_z``, ``in_proj_b``, ``in_proj_a``.
 - Qwen3-Next packs them per key-head group: ``in_proj_qkvz`` rows are, for each of
@@ -26,6 +26,16 @@ def text_tensor_name(name: str) -> str | None:
         if name.startswith(old):
             return new + name[len(old):]
     return name
+
+
+def vision_tensor_name(name: str) -> str | None:
+    """The :class:`vllm_gdn_neuron.layers.vision.VisionTower` parameter name of a checkpoint
+    tensor (``model.visual.blocks.0.attn.qkv.weight`` -> ``blocks.0.attn.qkv.weight``), or None
+    for a tensor outside the tower."""
+    for prefix in VISION_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return None
 
 
 def split_flat_qkv(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

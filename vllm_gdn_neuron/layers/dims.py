@@ -162,3 +162,17 @@ def count_weights(dims: ModelDims) -> WeightCount:
         else:
             split += 3 * h * dims.intermediate_size
     return WeightCount(split=split, replicated=replicated, kv_projections=kv)
+
+
+def count_vision_weights(vision_config) -> int:
+    """Parameters of the vision tower (:class:`vllm_gdn_neuron.layers.vision.VisionTower`),
+    from a ``vision_config`` (an object or a dict with its fields), as the checkpoint holds them."""
+    get = vision_config.get if isinstance(vision_config, dict) else lambda key: getattr(vision_config, key)
+    e, i, out = get("hidden_size"), get("intermediate_size"), get("out_hidden_size")
+    patch = get("in_channels") * get("temporal_patch_size") * get("patch_size") ** 2
+    merged = e * get("spatial_merge_size") ** 2
+    embed = patch * e + e + get("num_position_embeddings") * e
+    # norm1, norm2 (weight + bias); qkv, proj; fc1, fc2 (all with biases)
+    block = 4 * e + (3 * e * e + 3 * e) + (e * e + e) + (e * i + i) + (i * e + e)
+    merger = 2 * e + (merged * merged + merged) + (merged * out + out)
+    return embed + get("depth") * block + merger
