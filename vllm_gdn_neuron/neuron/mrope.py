@@ -19,9 +19,12 @@ starting at position ``p`` gives its row-major token ``(r, c)`` the positions
 
 import torch
 
+from vllm_gdn_neuron.layers.vision import mrope_positions
+
 
 def mrope_input_positions(input_tokens, mm_features, spatial_merge_size: int) -> tuple[torch.Tensor, int]:
-    """``([3, L] int64 positions, delta)`` of a prompt of ``L`` tokens.
+    """``([3, L] int64 positions, delta)`` of a prompt of ``L`` tokens
+    (:func:`vllm_gdn_neuron.layers.vision.mrope_positions` of its images' token grids).
 
     Args:
         input_tokens: the prompt's token ids (length L).
@@ -36,9 +39,8 @@ def mrope_input_positions(input_tokens, mm_features, spatial_merge_size: int) ->
             not divisible by ``spatial_merge_size``, or items that overlap or run past
             the prompt.
     """
-    length = len(input_tokens)
-    pieces, cursor, start = [], 0, 0  # cursor: next prompt index; start: next position
-    for feature in sorted(mm_features, key=lambda f: f.mm_position.offset):
+    groups = []
+    for feature in mm_features:
         if feature.modality != "image":
             raise ValueError(f"M-RoPE positions are implemented for images only; got a {feature.modality!r} item "
                              "(set limit-mm-per-prompt video to 0)")
@@ -46,18 +48,5 @@ def mrope_input_positions(input_tokens, mm_features, spatial_merge_size: int) ->
         if t != 1 or h % spatial_merge_size or w % spatial_merge_size:
             raise ValueError(f"image_grid_thw must be [1, h, w] with h and w multiples of spatial_merge_size="
                              f"{spatial_merge_size}; got {[t, h, w]}")
-        rows, cols = h // spatial_merge_size, w // spatial_merge_size
-        offset = feature.mm_position.offset
-        if offset < cursor or offset + rows * cols > length:
-            raise ValueError(f"image placeholder at offset {offset} with {rows * cols} tokens overlaps the item "
-                             f"before it or runs past the prompt of {length} tokens")
-        pieces.append(torch.arange(offset - cursor).expand(3, -1) + start)
-        start += offset - cursor
-        grid_rows = torch.arange(rows).repeat_interleave(cols)
-        grid_cols = torch.arange(cols).repeat(rows)
-        pieces.append(torch.stack([torch.zeros_like(grid_rows), grid_rows, grid_cols]) + start)
-        start += max(rows, cols)
-        cursor = offset + rows * cols
-    pieces.append(torch.arange(length - cursor).expand(3, -1) + start)
-    positions = torch.cat(pieces, dim=1).to(torch.int64)
-    return positions, int(positions.max()) + 1 - length if length else 0
+        groups.append((feature.mm_position.offset, h // spatial_merge_size, w // spatial_merge_size))
+    return mrope_positions(len(input_tokens), groups)
