@@ -30,6 +30,9 @@ https://github.com/vllm-project/vllm-neuron/pull/54), ``vllm_neuron/vllm/worker/
   multiple of ``128 // block_size``. After warm-up the worker runs under
   ``torch.compiler.set_stance("fail_on_recompile")`` (stated in the runner; the worker file
   itself was not in the stored snapshot).
+- multimodal engines (:mod:`runner_vision`): the encoder cache, the vision keywords of
+  prefill steps and warm-up, and the M-RoPE positions from the model's
+  ``get_mrope_input_positions``.
 
 Prefill steps, read at the same pin: ``_prepare_model_input_impl`` takes the scheduler's
 ``num_scheduled_tokens`` and ``num_scheduled_tokens_padded`` per request and lays the
@@ -77,6 +80,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import runner_cache
+import runner_vision
 from vllm_gdn_neuron.neuron.kv_spec import STAND_INS
 from vllm_gdn_neuron.neuron.packing import check_prefill_rows
 
@@ -174,6 +178,10 @@ class EngineSettings:
     async_scheduling: bool = False
     enable_prompt_embeds: bool = False
     uses_mrope: bool = False
+    # vLLM's multimodal registry verdict for the model (``supports_multimodal_inputs``).
+    multimodal: bool = False
+    # ``--hf-overrides '{"architectures": [...]}'`` (None: the checkpoint's own).
+    architectures: list | None = None
     download_dir: str | None = None
     additional_config: dict = dataclasses.field(default_factory=dict)
 
@@ -185,6 +193,8 @@ class Request:
     output: list[int] = dataclasses.field(default_factory=list)
     computed: int = 0  # tokens whose K/V and state are in the cache
     blocks: dict = dataclasses.field(default_factory=dict)  # group index -> block ids
+    mm_features: list = dataclasses.field(default_factory=list)  # runner_vision.ImageFeature
+    mrope: tuple | None = None  # ([3, len(prompt)] positions, delta), set when first scheduled
 
     @property
     def tokens(self) -> list[int]:
@@ -224,7 +234,10 @@ class NeuronRunnerStandIn:
         self.settings = settings
         self.neuron_config = NeuronConfigStandIn(dict(settings.additional_config.get("neuron_config", {})))
         vision = settings.additional_config.get("vision_neuron_config")
-        self.vision_neuron_config = None if vision is None else dict(vision)
+        self.vision_neuron_config = None
+        if vision is not None:
+            self.vision_neuron_config = runner_vision.VisionNeuronConfigStandIn.from_dict(dict(vision))
+            self.vision_neuron_config.resolve_tp_dp(1)
         if settings.async_scheduling and self.neuron_config.on_device_sampling_config is None:
             raise RuntimeError("On-device sampling must be enabled for async execution")
         if not self.neuron_config.num_batched_tokens_buckets or not self.neuron_config.num_seqs_buckets:
@@ -242,6 +255,8 @@ class NeuronRunnerStandIn:
         import transformers
 
         hf_config = transformers.AutoConfig.from_pretrained(self.settings.model)
+        if self.settings.architectures is not None:
+            hf_config.architectures = list(self.settings.architectures)
         text = getattr(hf_config, "text_config", None) or hf_config
         text.dtype = getattr(torch, self.settings.dtype)
         self.model_dtype = text.dtype
@@ -258,6 +273,9 @@ class NeuronRunnerStandIn:
         torch._dynamo.config.cache_size_limit = 2**62
         self.forward = (torch.compile(self.model, backend=self.recorder, fullgraph=True, options=COMPILE_OPTIONS)
                         if self.compile else self.model)
+        if self.settings.multimodal:
+            self.encoder_cache, self.max_vision_blocks = runner_vision.build_encoder_cache(
+                self.vision_neuron_config, hf_config, self.prefill_buckets[-1])
 
     # --- cache --------------------------------------------------------------------------------
 
@@ -307,22 +325,28 @@ class NeuronRunnerStandIn:
         rows = self.prefill_rows
         for bucket in self.prefill_buckets:
             positions = torch.arange(bucket, dtype=torch.int64)
+            vision = (runner_vision.warmup_vision_inputs(self.encoder_cache, self.max_vision_blocks, bucket)
+                      if self.settings.multimodal else {})
             self._call(torch.arange(1, bucket + 1, dtype=torch.int32), positions,
                        self._warmup_metadata(bucket, rows, bucket), torch.tensor([bucket - 1] * rows),
-                       torch.tensor([[0, 1.0, 1.0]] * rows))
+                       torch.tensor([[0, 1.0, 1.0]] * rows), **vision)
         for bucket in self.decode_buckets:
             positions = torch.full((bucket,), WARMUP_CONTEXT_LEN - 1, dtype=torch.int64)
             self._call(torch.ones(bucket, dtype=torch.int32), positions, self._warmup_metadata(bucket, bucket, 1),
                        torch.arange(bucket), torch.tensor([[0, 1.0, 1.0]] * bucket))
 
-    def _call(self, input_ids, positions, metadata, sampling_positions, sampling_params=None):
+    def _call(self, input_ids, positions, metadata, sampling_positions, sampling_params=None, rotary=None,
+              **vision):
+        """One forward with the runner's keywords (``rotary``: the step's ``[3, T]`` M-RoPE positions;
+        warm-up: ``positions`` on all three axes; ``vision``: the prefill vision keywords)."""
         kwargs = dict(input_ids=input_ids, positions=positions, attn_metadata=metadata,
                       sampling_positions=sampling_positions, sampling_params=sampling_params,
                       spec_decode_metadata=None, rank=self.rank_tensor, logit_mask=self._noop_logit_mask(
                           sampling_positions.shape[0]))
-        if self.settings.uses_mrope:  # text only: the three rows equal the 1-D positions
-            kwargs["rotary_position_ids"] = positions[None].expand(3, -1).contiguous()
-        if self.settings.enable_prompt_embeds:
+        if self.settings.uses_mrope:
+            kwargs["rotary_position_ids"] = positions[None].expand(3, -1).contiguous() if rotary is None else rotary
+        kwargs.update(vision)
+        if self.settings.enable_prompt_embeds and not self.settings.multimodal:
             kwargs["inputs_embeds"] = torch.zeros(input_ids.shape[0], self.model.config.hidden_size,
                                                   dtype=torch.bfloat16)
             kwargs["is_token_ids"] = torch.ones(input_ids.shape[0], dtype=torch.bool)
@@ -423,6 +447,9 @@ class NeuronRunnerStandIn:
             raise ValueError(f"prefill step: expected 1 .. prefill_rows = {self.prefill_rows} requests, got {len(items)}")
         if len(set(map(id, requests))) != len(requests):
             raise ValueError("prefill step: expected each request once")
+        if len(items) > 1 and (self.settings.multimodal or self.settings.uses_mrope):
+            raise ValueError(f"prefill step: the runner's M-RoPE and vision inputs are built for one request per "
+                             f"prefill step, got {len(items)}")
         for request, chunk in items:
             left = len(request.tokens) - request.computed
             if not 1 <= chunk <= left:
@@ -453,12 +480,40 @@ class NeuronRunnerStandIn:
         positions = torch.tensor(positions, dtype=torch.int64)
         for entry in {id(e): e for e in metadata.values()}.values():
             check_prefill_rows(entry, positions)
-        logits = self._call(torch.tensor(ids, dtype=torch.int32), positions, metadata, torch.tensor(sampling))
+        rotary, vision = None, {}
+        if self.settings.uses_mrope or self.settings.multimodal:  # one request (checked above)
+            request, chunk = ordered[0]
+            start = request.computed
+            if self.settings.uses_mrope:
+                rotary = torch.cat([self._mrope(request)[0][:, start:start + chunk],
+                                    torch.zeros(3, pad, dtype=torch.int64)], 1)
+            if self.settings.multimodal:
+                vision = self._encode_and_gather(request, start, chunk, bucket)
+        logits = self._call(torch.tensor(ids, dtype=torch.int32), positions, metadata, torch.tensor(sampling),
+                            rotary=rotary, **vision)
         results = {}
         for row, (request, chunk) in enumerate(ordered):
             request.computed += chunk
             results[id(request)] = int(logits[row].argmax()) if request.computed == len(request.tokens) else None
         return [results[id(request)] for request in requests]
+
+    def _mrope(self, request: Request) -> tuple:
+        """``_init_mrope_positions``: the model's positions of the prompt, computed once per request."""
+        if request.mrope is None:
+            request.mrope = self.model.get_mrope_input_positions(request.prompt, request.mm_features)
+        return request.mrope
+
+    def _encode_and_gather(self, request: Request, start: int, chunk: int, bucket: int) -> dict:
+        """``_execute_mm_encoder`` (the chunk's uncached images written into the encoder cache; their
+        encoder outputs come with the request, as the runner's ``encoder_cache.put`` path takes
+        precomputed embeddings), then ``_gather_mm_embeddings`` for the chunk."""
+        for feature in request.mm_features:
+            offset, length = feature.mm_position.offset, feature.mm_position.length
+            if offset < start + chunk and offset + length > start and not self.encoder_cache.contains(
+                    feature.identifier):
+                self.encoder_cache.put(feature.identifier, feature.embedding)
+        return runner_vision.gather_vision_inputs(self.encoder_cache, self.max_vision_blocks, request.mm_features,
+                                                  start, chunk, bucket)
 
     def decode(self, requests: list[Request]) -> list[int]:
         """One decode step of ``requests`` (one pending token each), padded to a decode bucket."""
@@ -471,7 +526,11 @@ class NeuronRunnerStandIn:
         positions = torch.tensor([r.computed for r in self.batch] + [0] * pad, dtype=torch.int64)
         tokens = [(row, r.computed) for row, r in enumerate(self.batch)] + [None] * pad
         sampling = torch.tensor(list(range(n)) + [n - 1] * pad)
-        logits = self._call(input_ids, positions, self._metadata(bucket, tokens, 1), sampling)
+        rotary = None
+        if self.settings.uses_mrope:
+            rows = [self._mrope(r)[1] + r.computed for r in self.batch] + [0] * pad
+            rotary = torch.tensor(rows, dtype=torch.int64)[None].expand(3, -1).contiguous()
+        logits = self._call(input_ids, positions, self._metadata(bucket, tokens, 1), sampling, rotary=rotary)
         for request in requests:
             request.computed += 1
         return [int(logits[self.batch.index(r)].argmax()) for r in requests]

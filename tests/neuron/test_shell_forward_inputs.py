@@ -115,7 +115,9 @@ def test_mrope_positions_of_a_text_prompt_give_the_logits_of_1d_positions(dense,
 
 
 def test_the_temporal_mrope_row_turns_q_and_k(dense):
-    """Only row 0 of ``rotary_position_ids`` is read: other rows changed, same logits; row 0 changed, not."""
+    """A config without ``mrope_section`` (no M-RoPE; the runner then passes no ``rotary_position_ids``)
+    reads only row 0: other rows changed, same logits; row 0 changed, not. With an
+    ``mrope_section`` every row turns its own slots: ``test_shell_vision.py``."""
     runner = make_runner(dense)
     tap = ForwardTap(runner.forward)
     runner.forward = tap

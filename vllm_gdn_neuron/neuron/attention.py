@@ -82,8 +82,9 @@ class NeuronGatedAttention(GatedAttentionMath):
 
         Args:
             positions: ``[T]`` int token positions (the cache positions: context and causality).
-            rope_positions: ``[T]`` int positions the rotary embedding turns q and k by;
-                default ``positions`` (they differ only for tokens after an image).
+            rope_positions: ``[T]`` int positions, or ``[3, T]`` M-RoPE positions, the
+                rotary embedding turns q and k by; default ``positions`` (they differ for
+                image tokens and the tokens after an image).
             hidden: ``[T, H]``.
             metadata: this layer's ``attn_metadata`` entry.
             is_decode: one token per block-table row (else the rows' prompts packed end to end).

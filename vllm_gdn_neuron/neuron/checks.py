@@ -123,10 +123,12 @@ def _check_buckets(name: str, buckets, limit: int | None, limit_name: str) -> No
 def check_vision_neuron_config(vision_neuron_config, image_limit: int | None, video_limit: int | None) -> None:
     """Accept a ``vision_neuron_config`` only where no image or video can reach the model.
 
-    The shell builds the text decoder only. vllm-neuron's runner passes the vision config
-    whenever ``additional_config`` has one (the shipped configs state it so that the
-    platform's vision auto-configuration stays bounded); it is unused, and harmless,
-    exactly when the engine accepts no multimodal items.
+    The shell builds the text decoder only: its forward takes the runner's image
+    embeddings and M-RoPE positions, but it has no ``embed_multimodal`` / ``visual`` to
+    fill the runner's encoder cache (``docs/neuron-vision.md``). vllm-neuron's runner
+    passes the vision config whenever ``additional_config`` has one (the shipped configs
+    state it so that the platform's vision auto-configuration stays bounded); it is
+    unused, and harmless, exactly when the engine accepts no multimodal items.
 
     Args:
         vision_neuron_config: vllm-neuron's ``VisionNeuronConfig`` or None.

@@ -39,8 +39,10 @@ VLLM_NEURON_PIN = f"vllm-neuron (release-0.24.0.1.1.0 line, vLLM 0.24): whn09/vl
 METADATA_KEYS = ("block_table_tensor", "slot_mapping", "max_query_len", "decode_token_threshold", "block_size")
 
 # Keyword arguments of ``forward``: whn09/vllm-neuron@7ea99278's runner always passes the
-# first eight; ``inputs_embeds`` / ``is_token_ids`` with prompt embeds enabled, and
-# ``rotary_position_ids`` when the model config uses M-RoPE.
+# first eight; ``inputs_embeds`` / ``is_token_ids`` with prompt embeds enabled (text-only
+# engines), ``rotary_position_ids`` when the model config uses M-RoPE, and
+# ``vision_embedding_blocks`` / ``vision_positions`` on the prefill steps of a multimodal
+# engine (``_gather_mm_embeddings``, ``_build_prefill_synthetic_inputs``).
 FORWARD_KEYWORDS = (
     "input_ids",
     "positions",
@@ -53,6 +55,8 @@ FORWARD_KEYWORDS = (
     "inputs_embeds",
     "is_token_ids",
     "rotary_position_ids",
+    "vision_embedding_blocks",
+    "vision_positions",
 )
 
 # Pages the runner appends past ``num_blocks`` under ``kv_cache_page_major``.

@@ -35,9 +35,11 @@ from vllm_gdn_neuron.neuron.checks import (check_engine_config, check_neuron_con
 from vllm_gdn_neuron.neuron.gdn import NeuronGatedDeltaNet
 from vllm_gdn_neuron.neuron.kv_spec import KVSpec
 from vllm_gdn_neuron.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
+from vllm_gdn_neuron.neuron.mrope import mrope_input_positions
 from vllm_gdn_neuron.neuron.parallel import current_tp_group
 from vllm_gdn_neuron.neuron.static_graphs import require_static_graphs
 from vllm_gdn_neuron.neuron.weights import load_checkpoint
+from vllm_gdn_neuron.neuron.vision import check_vision_inputs, merge_vision_embeddings
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -169,6 +171,8 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         check_neuron_config(neuron_config, config, limits["max_model_len"], limits["max_num_seqs"])
         check_vision_neuron_config(vision_neuron_config, limits["image_limit"], limits["video_limit"])
         self.config = config
+        self.spatial_merge_size = getattr(getattr(hf_config, "vision_config", None), "spatial_merge_size", 1)
+        self.uses_mrope = "mrope_section" in (config.rope_parameters or {})
         self.dtype = limits["dtype"] or model_dtype(config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False)
                                         or getattr(config, "tie_word_embeddings", False))
@@ -244,6 +248,10 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
     def get_mamba_state_dtype_from_config(cls, vllm_config):
         return STATE_DTYPE, STATE_DTYPE
 
+    def get_mrope_input_positions(self, input_tokens, mm_features) -> tuple[torch.Tensor, int]:
+        """vllm-neuron's ``SupportsMRoPE``: ``([3, L] int64 positions, delta)`` of a prompt (:mod:`.mrope`)."""
+        return mrope_input_positions(input_tokens, mm_features, self.spatial_merge_size)
+
     # --- forward (runner step 5) ----------------------------------------------------------
 
     @torch.no_grad()
@@ -260,6 +268,8 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         is_token_ids: torch.Tensor | None = None,
         rotary_position_ids: torch.Tensor | None = None,
+        vision_embedding_blocks: tuple[torch.Tensor, ...] | None = None,
+        vision_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One engine step over a bucket-padded batch.
 
@@ -288,10 +298,15 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
                 False where ``inputs_embeds`` is; None with ``inputs_embeds`` means every
                 token comes from ``inputs_embeds``.
             rotary_position_ids: ``[3, T]`` int64 M-RoPE positions (temporal, height,
-                width), passed when the model config uses M-RoPE, or None. Text tokens carry
-                one value on all three axes, where M-RoPE equals 1-D RoPE; the temporal
-                row turns q and k. Images are not served (the start-up checks refuse a
-                configuration that accepts them), so no token has distinct axes.
+                width), passed when the model config uses M-RoPE, or None. q and k turn by
+                them (``mrope_section``, :mod:`vllm_gdn_neuron.layers.rotary`); text tokens
+                carry one value on all three axes, image tokens their grid position;
+                ``positions`` stays the cache position. Without an ``mrope_section`` only
+                the temporal row is read.
+            vision_embedding_blocks, vision_positions: on a prefill step of a multimodal
+                engine, ``NB`` encoder-cache blocks ``[BS, H]`` and ``[NB, BS]`` int64
+                token indices (sentinel ``T``) of the image embeddings replacing the
+                image tokens' (:mod:`.vision`); None otherwise.
 
         Returns:
             ``[R, V]`` logits in the model dtype.
@@ -302,8 +317,11 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         first = attn_metadata[layers[0].mixer.layer_name]
         is_decode = first["max_query_len"] <= first["decode_token_threshold"]
         hidden = self._input_embeddings(input_ids, inputs_embeds, is_token_ids)
-        rope_positions = positions if rotary_position_ids is None else self._text_rope_positions(
-            rotary_position_ids, positions)
+        if vision_embedding_blocks is not None or vision_positions is not None:
+            check_vision_inputs(vision_embedding_blocks, vision_positions, hidden.shape[0], hidden.shape[1], is_decode)
+            hidden = merge_vision_embeddings(hidden, vision_embedding_blocks, vision_positions)
+        rope_positions = (positions if rotary_position_ids is None
+                          else self._rope_positions(rotary_position_ids, positions.shape[0]))
         residual = None
         for layer in layers:
             hidden, residual = layer(positions, rope_positions, hidden, residual, attn_metadata, is_decode)
@@ -331,13 +349,13 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
                              f"got {list(is_token_ids.shape)} {is_token_ids.dtype}")
         return torch.where(is_token_ids[:, None], self.model.embed_tokens(input_ids), embeds)
 
-    @staticmethod
-    def _text_rope_positions(rotary_position_ids, positions) -> torch.Tensor:
-        """``[T]``: the temporal row of ``[3, T]`` M-RoPE positions (all rows equal on text)."""
-        if tuple(rotary_position_ids.shape) != (3, positions.shape[0]):
-            raise ValueError(f"rotary_position_ids must be [3, {positions.shape[0]}] (M-RoPE axes, tokens); "
-                             f"got {list(rotary_position_ids.shape)}")
-        return rotary_position_ids[0]
+    def _rope_positions(self, rotary_position_ids, tokens: int) -> torch.Tensor:
+        """``[3, T]`` M-RoPE positions, or their temporal row ``[T]`` for a config without
+        ``mrope_section`` (no M-RoPE: the runner passes none, and text rows are all equal)."""
+        if tuple(rotary_position_ids.shape) != (3, tokens) or rotary_position_ids.dtype.is_floating_point:
+            raise ValueError(f"rotary_position_ids must be a [3, {tokens}] integer tensor (M-RoPE axes, tokens); "
+                             f"got {list(rotary_position_ids.shape)} {rotary_position_ids.dtype}")
+        return rotary_position_ids if self.uses_mrope else rotary_position_ids[0]
 
     def _apply_logit_mask(self, logits, logit_mask) -> torch.Tensor:
         """``logits`` with ``-inf`` where ``logit_mask`` ``[R, V]`` (bool) is False."""

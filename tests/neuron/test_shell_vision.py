@@ -1,0 +1,280 @@
+"""Images in the Neuron shell's text model: M-RoPE with distinct axes and the runner's vision inputs.
+
+What vllm-neuron's runner (whn09/vllm-neuron@7ea99278, see ``runner_vision.py``) gives a
+multimodal model, checked against transformers' ``Qwen3_5ForConditionalGeneration`` on a
+tiny random vision-language checkpoint with an interleaved ``mrope_section``:
+
+- ``get_mrope_input_positions`` (the runner's ``SupportsMRoPE`` call) equals transformers'
+  ``get_rope_index``; the rotary embedding turns q and k by ``[3, T]`` positions exactly as
+  transformers' text rotary does;
+- prompts with images of different sizes, split across prefill chunks, served beside a
+  one-image prompt through the runner stand-in (encoder cache of bfloat16 blocks,
+  ``vision_embedding_blocks`` / ``vision_positions`` on prefill, M-RoPE positions on every
+  step, one static graph per bucket, no recompile after warm-up, no host read) give
+  transformers' greedy ids in fp32, fed the same image embeddings (transformers' own
+  vision tower output, rounded to the cache's bfloat16);
+- bad vision inputs are refused naming the argument.
+
+The tower itself is not run by the shell here: the image embeddings enter the encoder
+cache the way the runner stores precomputed embeddings (``encoder_cache.put``).
+"""
+
+import types
+
+import pytest
+import torch
+
+from runner import EngineSettings, NeuronRunnerStandIn, Request, host_reads, symbolic_graphs
+from runner_vision import ImageFeature
+from vllm_gdn_neuron.layers.rotary import PartialRotaryEmbedding
+from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.neuron.mrope import mrope_input_positions
+from vllm_gdn_neuron.neuron.vision import check_vision_inputs
+
+IMAGE, VIDEO, START, END = 500, 501, 502, 503
+SECTION = (4, 2, 2)  # of rotary_dim / 2 = 8 slots: height 1, 4; width 2, 5; temporal 0, 3, 6, 7
+PREFILL_BUCKET, DECODE_BUCKET, NEW_TOKENS = 16, 2, 4
+
+
+def vl_config(mrope_section=SECTION, partial_rotary_factor=0.5):
+    import transformers as tf
+
+    text = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                linear_value_head_dim=16, linear_conv_kernel_dim=4, intermediate_size=128,
+                max_position_embeddings=4096, initializer_range=0.08, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": partial_rotary_factor,
+                                 "mrope_section": list(mrope_section), "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=8,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    return tf.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True, image_token_id=IMAGE,
+                            video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("qwen3_5-vl-mrope")
+    tf.Qwen3_5ForConditionalGeneration(vl_config()).to(torch.bfloat16).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def hf(checkpoint):
+    import transformers as tf
+
+    return tf.Qwen3_5ForConditionalGeneration.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+def image_prompt(pieces, seed=0):
+    """``(ids, images)`` of text runs (int: length) and images (tuple: grid) in order."""
+    generator = torch.Generator().manual_seed(seed)
+    ids, images = [], []
+    for piece in pieces:
+        if isinstance(piece, int):
+            ids += torch.randint(3, IMAGE, (piece,), generator=generator).tolist()
+        else:
+            tokens = piece[1] * piece[2] // 4
+            ids.append(START)
+            images.append((len(ids), piece))
+            ids += [IMAGE] * tokens + [END]
+    return ids, images
+
+
+def features_of(hf, images, seed=0):
+    """``ImageFeature``s with transformers' vision-tower output for random pixels, rounded to bfloat16."""
+    generator = torch.Generator().manual_seed(seed)
+    vision = hf.config.vision_config
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    grids = torch.tensor([grid for _, grid in images])
+    pixels = torch.randn(int(grids.prod(-1).sum()), patch, generator=generator)
+    with torch.no_grad():
+        embeddings = hf.model.get_image_features(pixels, grids).pooler_output
+    return [ImageFeature(f"image-{seed}-{i}", offset, grid, embedding.to(torch.bfloat16).float())
+            for i, ((offset, grid), embedding) in enumerate(zip(images, embeddings))]
+
+
+def hf_rope_index(hf, ids, features):
+    type_ids = torch.tensor([[int(t == IMAGE) for t in ids]])
+    grids = torch.tensor([f.grid_thw for f in features]) if features else None
+    positions, delta = hf.model.get_rope_index(torch.tensor([ids]), type_ids, image_grid_thw=grids)
+    return positions[:, 0], int(delta)
+
+
+def hf_greedy(hf, prompt, features, new_tokens):
+    """Greedy ids of transformers, the image tokens' embeddings replaced by the features' rows."""
+    positions, delta = hf_rope_index(hf, prompt, features)
+    image_rows = torch.cat([f.embedding for f in features]) if features else None
+    is_image = torch.tensor([t == IMAGE for t in prompt])
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            embeds = hf.get_input_embeddings()(torch.tensor([ids]))
+            if image_rows is not None:
+                embeds[0, : len(prompt)][is_image] = image_rows
+            later = (torch.arange(len(prompt), len(ids)) + delta).expand(3, -1)
+            position_ids = torch.cat([positions, later], dim=1)[:, None]
+            ids.append(int(hf(inputs_embeds=embeds, position_ids=position_ids).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+# --- M-RoPE ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("section, partial", [(SECTION, 0.5), ((11, 11, 10), 0.25), ((1, 3, 0), 0.5)])
+def test_rotation_by_distinct_mrope_axes_equals_transformers(section, partial):
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_module
+
+    config = vl_config(section, partial).text_config
+    generator = torch.Generator().manual_seed(1)
+    tokens = 13
+    positions = torch.randint(0, 300, (3, tokens), generator=generator)
+    q = torch.randn(tokens, 4, 32, generator=generator)
+    k = torch.randn(tokens, 2, 32, generator=generator)
+    rope = PartialRotaryEmbedding(32, config.rope_parameters)
+    got_q, got_k = rope(positions, q, k)
+    cos, sin = hf_module.Qwen3_5TextRotaryEmbedding(config)(q, positions[:, None])
+    want_q, want_k = hf_module.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    assert torch.equal(got_q, want_q[0].transpose(0, 1)) and torch.equal(got_k, want_k[0].transpose(0, 1))
+    text_q, _ = rope(positions[0], q, k)
+    assert torch.equal(rope(positions[0].expand(3, -1), q, k)[0], text_q)  # equal axes: plain RoPE
+    assert not torch.equal(got_q, text_q)
+
+
+@pytest.mark.parametrize("pieces", [[7], [(1, 4, 6), 5], [3, (1, 4, 6), 2, (1, 6, 4), 4, (1, 2, 2)],
+                                    [2, (1, 8, 2), (1, 2, 8)]])
+def test_mrope_input_positions_equal_transformers_rope_index(hf, pieces):
+    ids, images = image_prompt(pieces)
+    features = [ImageFeature(f"i{n}", offset, grid, torch.zeros(grid[1] * grid[2] // 4, 64))
+                for n, (offset, grid) in enumerate(images)]
+    got, got_delta = mrope_input_positions(ids, list(reversed(features)), 2)
+    want, want_delta = hf_rope_index(hf, ids, features)
+    assert got.dtype == torch.int64 and torch.equal(got, want) and got_delta == want_delta
+
+
+@pytest.mark.parametrize("feature, message", [
+    (types.SimpleNamespace(modality="video", mm_position=types.SimpleNamespace(offset=1)), "images only; got a 'video'"),
+    (ImageFeature("odd", 1, (1, 3, 4), torch.zeros(3, 64)), r"image_grid_thw must be \[1, h, w\] .*got \[1, 3, 4\]"),
+    (ImageFeature("long", 4, (1, 4, 4), torch.zeros(4, 64)), "runs past the prompt of 6 tokens"),
+])
+def test_mrope_input_positions_refuse_what_they_cannot_place(feature, message):
+    with pytest.raises(ValueError, match=message):
+        mrope_input_positions([1] * 6, [feature], 2)
+
+
+# --- the runner's vision inputs ----------------------------------------------------------------
+
+
+def _blocks(n=2, rows=4, width=64, dtype=torch.bfloat16):
+    return tuple(torch.zeros(rows, width, dtype=dtype) for _ in range(n))
+
+
+@pytest.mark.parametrize("blocks, positions, is_decode, message", [
+    (_blocks(), None, False, "must be passed together; got vision_embedding_blocks=given, vision_positions=None"),
+    (_blocks(), torch.zeros(2, 4, dtype=torch.int64), True, "passed on a decode step"),
+    ((), torch.zeros(0, 4, dtype=torch.int64), False, "non-empty tuple"),
+    (_blocks(), torch.zeros(2, 4, dtype=torch.int32), False, r"\[2, block_size\] int64 tensor .*torch.int32"),
+    (_blocks(3), torch.zeros(2, 4, dtype=torch.int64), False, r"\[3, block_size\] int64"),
+    (_blocks(width=128), torch.zeros(2, 4, dtype=torch.int64), False,
+     r"vision_embedding_blocks\[0\] must be a \[4, 64\] float tensor .*no deep-stack levels.*got \[4, 128\]"),
+    (_blocks(rows=8), torch.zeros(2, 4, dtype=torch.int64), False, r"\[4, 64\] float tensor"),
+])
+def test_bad_vision_inputs_are_refused_naming_the_argument(blocks, positions, is_decode, message):
+    with pytest.raises(ValueError, match=message):
+        check_vision_inputs(blocks, positions, 16, 64, is_decode)
+
+
+def make_runner(checkpoint, architectures=None, compile=True, backend=None):
+    vision = dict(num_vision_tokens_buckets=[128], vision_attention_block_size=16)
+    neuron = dict(on_device_sampling_config=None, num_batched_tokens_buckets=[PREFILL_BUCKET],
+                  num_seqs_buckets=[DECODE_BUCKET])
+    settings = EngineSettings(model=checkpoint, dtype="float32", max_num_seqs=DECODE_BUCKET, uses_mrope=True,
+                              multimodal=True, architectures=architectures, num_gpu_blocks_override=16,
+                              additional_config={"neuron_config": neuron, "vision_neuron_config": vision})
+    return NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=compile, backend=backend)
+
+
+def serve_images(runner, requests):
+    """Prefill each request in chunks of the prefill bucket, then decode them together."""
+    for request in requests:
+        while request.computed < len(request.prompt):
+            token = runner.prefill(request, min(PREFILL_BUCKET, len(request.prompt) - request.computed))
+        request.output.append(token)
+    while not all(r.done for r in requests):
+        for request, token in zip(requests, runner.decode(requests)):
+            request.output.append(token)
+    return [r.output for r in requests]
+
+
+def serve_image_prompts(checkpoint, hf, architectures=None, backend=None):
+    """Start the runner stand-in, then serve a three-image prompt (its two larger images each straddle a
+    prefill-chunk boundary, 16 and 32) beside a one-image prompt, decoded together, under
+    ``fail_on_recompile``. Returns ``(runner, requests, ids)``."""
+    runner = make_runner(checkpoint, architectures, backend=backend)
+    runner.start()
+    buckets = len(runner.prefill_buckets) + len(runner.decode_buckets)
+    assert len(runner.recorder.dynamo_graphs) == buckets
+    prompts = [image_prompt([12, (1, 4, 6), 9, (1, 6, 4), 4, (1, 2, 2), 5], seed=1),
+               image_prompt([2, (1, 2, 2), 7], seed=2)]
+    requests = [Request(ids, NEW_TOKENS, mm_features=features_of(hf, images, seed=n))
+                for n, (ids, images) in enumerate(prompts)]
+    torch._dynamo.utils.counters.clear()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        got = serve_images(runner, requests)
+    assert len(runner.recorder.dynamo_graphs) == buckets, "a step recompiled after warm-up"
+    return runner, requests, got
+
+
+PLUGIN_ARCHITECTURE = ["VllmGdnNeuronQwen3_5ForConditionalGeneration"]
+
+
+@pytest.mark.slow
+def test_prompts_with_images_give_transformers_greedy_ids(checkpoint, hf):
+    """Under the checkpoint's own architecture name, which vllm-neuron's model list knows: merge factor 4."""
+    runner, requests, got = serve_image_prompts(checkpoint, hf)
+    assert runner.encoder_cache.block_size == 16 // 4
+    assert symbolic_graphs(runner.recorder) == 0
+    assert sum(torch._dynamo.utils.counters["graph_break"].values()) == 0
+    assert [r for g in runner.recorder.dynamo_graphs + runner.recorder.aten_graphs for r in host_reads(g)] == []
+    for request, ids in zip(requests, got):
+        assert ids == hf_greedy(hf, request.prompt, request.mm_features, NEW_TOKENS)
+
+
+@pytest.mark.slow
+def test_the_buckets_with_vision_inputs_lower_to_stablehlo_and_equal_eager(checkpoint, hf):
+    """The prefill bucket with its vision inputs (the scatter of the cache rows) and the decode bucket,
+    lowered through ``xla_lowering.XlaLoweringBackend`` (no float64, no host transfer, no custom call),
+    run on XLA:CPU: equal to eager, and transformers' greedy ids. Under the plugin's architecture
+    name, which the runner's merge-factor lookup does not know: factor 1, blocks of 16 rows."""
+    from test_xla_lowering import assert_equal_to_eager
+    from xla_lowering import XlaLoweringBackend
+
+    backend = XlaLoweringBackend()
+    runner, requests, got = serve_image_prompts(checkpoint, hf, PLUGIN_ARCHITECTURE, backend=backend)
+    assert runner.encoder_cache.block_size == 16
+    assert_equal_to_eager(backend, 2)
+    for request, ids in zip(requests, got):
+        assert ids == hf_greedy(hf, request.prompt, request.mm_features, NEW_TOKENS)
+
+
+def test_the_image_embeddings_and_their_positions_change_the_logits(checkpoint, hf):
+    """The same prompt without its image embeddings, or with 1-D positions, predicts differently."""
+    ids, images = image_prompt([2, (1, 4, 6), 3], seed=3)
+    features = features_of(hf, images, seed=3)
+    logits = []
+    for variant in ("images", "no embeddings", "1-D positions"):
+        runner = make_runner(checkpoint, compile=False)
+        runner.load_model()
+        runner.initialize_kv_cache(runner.get_kv_cache_spec())
+        request = Request(ids, 1, mm_features=features if variant != "no embeddings" else [])
+        request.mrope = ((torch.arange(len(ids)).expand(3, -1), 0) if variant == "1-D positions"
+                         else runner.model.get_mrope_input_positions(ids, features))
+        tap = []
+        forward = runner.forward
+        runner.forward = lambda **kwargs: tap.append(forward(**kwargs)) or tap[-1]
+        runner.prefill(request, len(ids))
+        logits.append(tap[-1])
+    assert not torch.allclose(logits[0], logits[1]) and not torch.allclose(logits[0], logits[2])
