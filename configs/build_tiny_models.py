@@ -107,10 +107,10 @@ def filler_words():
                 yield first + second + third
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE):
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, texts=None):
     """A byte-level BPE with ChatML special tokens and chat template, of ``vocab_size`` tokens.
 
-    The first VOCAB_SIZE tokens are trained on :func:`corpus`; past them (a real-dims
+    The first VOCAB_SIZE tokens are trained on ``texts`` (default :func:`corpus`); past them (a real-dims
     vocabulary) each id is a space and a pseudo-word of :func:`filler_words`, so every id
     the model can produce decodes to text. No merge builds those tokens: text encodes
     into the trained ones only.
@@ -130,7 +130,7 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus() if texts is None else texts, trainer=trainer)
     if vocab_size > VOCAB_SIZE:
         spec = json_lib.loads(tokenizer.to_str())
         vocab = spec["model"]["vocab"]
