@@ -1,8 +1,10 @@
 """The Hugging Face checkpoint layouts of Qwen3.5 / Qwen3-Next, shared by both shells.
 
 - Vision-language checkpoints keep the text decoder under ``model.language_model.``;
-  their vision tower (``model.visual.`` / ``visual.``) and any multi-token-prediction
-  head (``mtp.``) are not served.
+  their vision tower (``model.visual.`` / ``visual.``) is not served.
+- The multi-token-prediction head (``mtp.``, every layout alike) is not part of the
+  target model; the MTP drafter reads it and the target's embedding / ``lm_head``
+  (:func:`mtp_tensor_name`).
 - Qwen3.5 stores the GatedDeltaNet projections separately: ``in_proj_qkv`` (flat
   ``[q all heads | k all heads | v all heads]``), ``in_proj_z``, ``in_proj_b``, ``in_proj_a``.
 - Qwen3-Next packs them per key-head group: ``in_proj_qkvz`` rows are, for each of
@@ -26,6 +28,17 @@ def text_tensor_name(name: str) -> str | None:
         if name.startswith(old):
             return new + name[len(old):]
     return name
+
+
+def mtp_tensor_name(name: str) -> str | None:
+    """The MTP drafter's name of a checkpoint tensor (``model.`` for the head, ``lm_head.``),
+    or None for a tensor of the target only."""
+    if name.startswith(MTP_PREFIX):
+        return "model." + name[len(MTP_PREFIX):]
+    text = text_tensor_name(name)
+    if text in ("model.embed_tokens.weight", "lm_head.weight"):
+        return text
+    return None
 
 
 def split_flat_qkv(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
