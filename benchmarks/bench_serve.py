@@ -57,7 +57,8 @@ N}``): engines ``auto`` / ``auto+mtp`` (the plugin on that Qwen3.5 checkpoint) a
 same weights in the Qwen3-Next layout, written into ``benchmarks/results/`` on first use).
 Decode rows only, at N = 1 and 8; the prompts are windows of held-out text of the
 checkpoint's corpus (new ones each round), so the drafts meet the text the head was
-trained on. Each ``+mtp`` row also shows vLLM's spec-decode counters over its shown round:
+trained on. Decode tok/s there is the sum over requests of each one's tokens after its
+first / its time from its first token to its last. Each ``+mtp`` row also shows vLLM's spec-decode counters over its shown round:
 the acceptance rate of each draft position (accepted tokens at that position / drafts)
 and the mean tokens per verification step (1 + accepted / drafts).
 
@@ -312,11 +313,18 @@ def prefill_metrics(traces, prompt_len):
     return dict(tokens_per_s=len(traces) * prompt_len / max(ttft), latency_ms=percentiles(ttft))
 
 
-def decode_metrics(traces):
+def decode_metrics(traces, per_request=False):
+    """Decode tok/s: tokens after each request's first / time from the last first token to the end;
+    ``per_request``: the sum over requests of (tokens after its first / its time from its first
+    token to its last), which stays right when requests finish at different steps (speculative
+    decoding: a request that finishes before another's first token would inflate the first)."""
+    gaps = [(t1 - t0) / (n1 - n0) for trace in traces for (t0, n0), (t1, n1) in zip(trace, trace[1:])]
+    if per_request:
+        rate = sum((trace[-1][1] - trace[0][1]) / (trace[-1][0] - trace[0][0]) for trace in traces if len(trace) > 1)
+        return dict(tokens_per_s=rate, latency_ms=percentiles(gaps))
     decode_start = max(trace[0][0] for trace in traces)
     end = max(trace[-1][0] for trace in traces)
     tokens = sum(trace[-1][1] - trace[0][1] for trace in traces)
-    gaps = [(t1 - t0) / (n1 - n0) for trace in traces for (t0, n0), (t1, n1) in zip(trace, trace[1:])]
     return dict(tokens_per_s=tokens / (end - decode_start), latency_ms=percentiles(gaps))
 
 
@@ -361,7 +369,8 @@ def run_benchmark(args, bandwidths):
                     tag = f"{phase}-{n}-{rnd}"
                     reply = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=tag))
                     traces = reply["traces"]
-                    result = prefill_metrics(traces, prompt_len) if phase == "prefill" else decode_metrics(traces)
+                    result = (prefill_metrics(traces, prompt_len) if phase == "prefill"
+                              else decode_metrics(traces, per_request=args.mtp_rows))
                     if "spec" in reply:
                         result["spec"] = reply["spec"]
                     key = (phase, n, name)

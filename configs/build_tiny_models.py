@@ -403,10 +403,8 @@ def build(
     real = name in REAL_MODELS
     folder = name if mtp_head_kind == "random" else f"{name}-mtp-{mtp_head_kind}"
     target = out_dir / folder
-    staging = out_dir / f".{folder}.partial"
+    staging = staging_folder(target)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if staging.exists():
-        shutil.rmtree(staging)
     torch.manual_seed(seed)
     tokenizer = build_tokenizer(published_dims(name)["vocab_size"] if real else VOCAB_SIZE)
     if real:
@@ -431,6 +429,19 @@ def build(
         record.update(num_layers=num_layers, num_experts=num_experts)
     (staging / "tiny-model.json").write_text(json.dumps(record) + "\n")
     del model
+    return move_into_place(staging, target)
+
+
+def staging_folder(target: pathlib.Path) -> pathlib.Path:
+    """An empty-to-be folder next to ``target`` to write a checkpoint into (a leftover one removed)."""
+    staging = target.parent / f".{target.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    return staging
+
+
+def move_into_place(staging: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
+    """Replace ``target`` by the complete ``staging`` folder: a checkpoint appears only whole."""
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)

@@ -32,7 +32,6 @@ import argparse
 import json
 import pathlib
 import random
-import shutil
 import sys
 import time
 
@@ -270,9 +269,7 @@ def save(model, mtp, tokenizer, record: dict, target: pathlib.Path) -> pathlib.P
     import torch
     from safetensors.torch import load_file, save_file
 
-    staging = target.parent / f".{target.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
+    staging = builder.staging_folder(target)
     model.to(torch.bfloat16).save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     weights = staging / "model.safetensors"
@@ -282,10 +279,7 @@ def save(model, mtp, tokenizer, record: dict, target: pathlib.Path) -> pathlib.P
     _, saved_model, saved_mtp = load(staging)
     record = dict(name=NAME, **record, held_out=evaluate(saved_model, saved_mtp, held_out_batch(tokenizer)))
     (staging / "tiny-model.json").write_text(json.dumps(record, indent=1) + "\n")
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
-    return target
+    return builder.move_into_place(staging, target)
 
 
 QWEN3_NEXT_EXPERTS = 2
@@ -349,18 +343,13 @@ def write_qwen3_next_layout(source: pathlib.Path, target: pathlib.Path) -> pathl
         shared_expert_intermediate_size=QWEN3_NEXT_SHARED_SIZE, decoder_sparse_step=1, mlp_only_layers=[],
         layer_types=text.layer_types, num_nextn_predict_layers=1, dtype="bfloat16"))
     config.architectures = ["Qwen3NextForCausalLM"]
-    staging = target.parent / f".{target.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
+    staging = builder.staging_folder(target)
     staging.mkdir(parents=True)
     config.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     save_file(pack_qwen3_next(load_file(str(source / "model.safetensors")), text), str(staging / "model.safetensors"),
               metadata={"format": "pt"})
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
-    return target
+    return builder.move_into_place(staging, target)
 
 
 def main(argv: list[str] | None = None) -> None:
