@@ -134,7 +134,7 @@ def prepare_config(vllm_config) -> None:
         num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative else 0,
         mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
         quantization=model_config.quantization,
-        mamba_cache_mode=vllm_config.cache_config.mamba_cache_mode,
+        prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
     )
 
 

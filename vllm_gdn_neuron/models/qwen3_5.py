@@ -176,17 +176,14 @@ class CheckpointLoader:
         return {f"{module_name}.{param}" for param in experts.load_weights([(relative, tensor)])}
 
 
-class Qwen3_5ForCausalLM(CheckpointLoader, nn.Module, HasInnerState, IsHybrid):
-    """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
+class WithLMHead(CheckpointLoader, nn.Module):
+    """A ``model`` (with ``embed_tokens``) under the LM head, tied to the embedding when the
+    checkpoint's config says so: the target models and the MTP drafters alike."""
 
-    The same class serves the MoE variant (sparse layers come from the config) and,
-    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections.
-    """
-
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+    def __init__(self, vllm_config: VllmConfig, model: nn.Module) -> None:
         super().__init__()
         self.config = vllm_config.model_config.hf_text_config
-        self.model = HybridModel(vllm_config, prefix="model")
+        self.model = model
         self.tie_word_embeddings = bool(getattr(vllm_config.model_config.hf_config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, prefix="lm_head")
         if self.tie_word_embeddings:
@@ -195,6 +192,20 @@ class Qwen3_5ForCausalLM(CheckpointLoader, nn.Module, HasInnerState, IsHybrid):
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+
+class Qwen3_5ForCausalLM(WithLMHead, HasInnerState, IsHybrid):
+    """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
+
+    The same class serves the MoE variant (sparse layers come from the config) and,
+    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config, HybridModel(vllm_config, prefix="model"))
 
     def forward(
         self,
@@ -206,9 +217,6 @@ class Qwen3_5ForCausalLM(CheckpointLoader, nn.Module, HasInnerState, IsHybrid):
     ) -> torch.Tensor:
         """[T] token ids (or [T, H] embeddings) and [T] positions -> [T, H] final hidden states."""
         return self.model(input_ids, positions, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states)
 
     # --- the mamba-style cache (IsHybrid) -------------------------------------------------
 

@@ -16,18 +16,14 @@ import torch
 from torch import nn
 
 from vllm.config import VllmConfig
-from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import ColumnParallelLinear
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.sequence import IntermediateTensors
 
 from vllm_gdn_neuron.layers.checkpoint import mtp_tensor_name
 from vllm_gdn_neuron.layers.mtp import MTPInputNorms, check_mtp_config, mtp_num_layers
 from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
-from vllm_gdn_neuron.models.qwen3_5 import CheckpointLoader, HybridDecoderLayer
-
-logger = init_logger(f"vllm.plugins.{__name__}")
+from vllm_gdn_neuron.models.qwen3_5 import HybridDecoderLayer, WithLMHead
 
 
 class MultiTokenPredictor(nn.Module):
@@ -62,21 +58,11 @@ class MultiTokenPredictor(nn.Module):
         return x
 
 
-class Qwen3_5MTP(CheckpointLoader, nn.Module):
+class Qwen3_5MTP(WithLMHead):
     """The MTP drafter of a Qwen3.5 target (any of its checkpoint layouts)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__()
-        self.config = vllm_config.model_config.hf_text_config
-        self.model = MultiTokenPredictor(vllm_config, prefix="mtp")
-        self.tie_word_embeddings = bool(getattr(vllm_config.model_config.hf_config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, prefix="lm_head")
-        if self.tie_word_embeddings:
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor(self.config.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
+        super().__init__(vllm_config, MultiTokenPredictor(vllm_config, prefix="mtp"))
 
     def forward(
         self,
@@ -91,7 +77,8 @@ class Qwen3_5MTP(CheckpointLoader, nn.Module):
         return self.model(input_ids, positions, hidden_states, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states)
+        """The drafter's one head serves every draft step (``spec_step_idx``)."""
+        return super().compute_logits(hidden_states)
 
     def checkpoint_tensor_name(self, checkpoint_name: str) -> str | None:
         name = mtp_tensor_name(checkpoint_name)

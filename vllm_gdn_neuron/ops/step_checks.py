@@ -21,15 +21,20 @@ def _check_pages(name, pages, num_pages, what):
             raise ValueError(f"{name}: expected pages in [0, {num_pages}), got {page} for {what} {at}")
 
 
-def _check_prefill(query_start_loc, pages, has_state, num_tokens, num_pages):
-    """Returns the sequence lengths and pages of the prefill part."""
-    given = {"prefill_query_start_loc": query_start_loc, "prefill_pages": pages,
-             "prefill_has_state": has_state, "num_prefill_tokens": num_tokens}
+def _check_part(part, given):
+    """One part's arguments (name -> value, the token count last) all given, the count an int >= 0."""
     missing = [name for name, value in given.items() if value is None]
     if missing:
-        raise ValueError(f"{missing[0]}: expected with the other prefill arguments, got None")
+        raise ValueError(f"{missing[0]}: expected with the other {part} arguments, got None")
+    name, num_tokens = list(given.items())[-1]
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_prefill_tokens: expected an int >= 0, got {num_tokens!r}")
+        raise ValueError(f"{name}: expected an int >= 0, got {num_tokens!r}")
+
+
+def _check_prefill(query_start_loc, pages, has_state, num_tokens, num_pages):
+    """Returns the sequence lengths and pages of the prefill part."""
+    _check_part("prefill", {"prefill_query_start_loc": query_start_loc, "prefill_pages": pages,
+                            "prefill_has_state": has_state, "num_prefill_tokens": num_tokens})
     bounds = _check_index("prefill_query_start_loc", query_start_loc, "S+1")
     if len(bounds) < 2:
         raise ValueError(f"prefill_query_start_loc: expected at least 2 entries (S >= 1 sequences), "
@@ -52,13 +57,8 @@ def _check_prefill(query_start_loc, pages, has_state, num_tokens, num_pages):
 
 def _check_verify(query_start_loc, pages, num_accepted, num_tokens, num_pages, pad_page):
     """Returns the pages of each verify row (a list of W pages) and whether the row is live."""
-    given = {"verify_query_start_loc": query_start_loc, "verify_pages": pages,
-             "verify_num_accepted": num_accepted, "num_verify_tokens": num_tokens}
-    missing = [name for name, value in given.items() if value is None]
-    if missing:
-        raise ValueError(f"{missing[0]}: expected with the other verify arguments, got None")
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_verify_tokens: expected an int >= 0, got {num_tokens!r}")
+    _check_part("verify", {"verify_query_start_loc": query_start_loc, "verify_pages": pages,
+                           "verify_num_accepted": num_accepted, "num_verify_tokens": num_tokens})
     num_rows, width = check_tensor("verify_pages", pages, (("R", None), ("W", None)), INDEX_DTYPES)
     if width < 1:
         raise ValueError("verify_pages: expected W >= 1 draft positions per row, got 0")
