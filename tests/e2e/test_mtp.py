@@ -2,12 +2,9 @@
 
 fp32, greedy: the ids with the MTP drafter equal the ids without it, exactly, for 1, 2 and 3
 speculative tokens, one request alone and 24 at once of 1..300 prompt tokens (chunked
-prefill at ``max_num_batched_tokens=128``, steps mixing verify rows with prefills); the
-2-token engine runs on a KV + state cache small enough that the scheduler preempts and
-reuses slots. The tiny models' random MTP heads draft tokens the target rejects almost
+prefill at ``max_num_batched_tokens=128``, steps mixing verify rows with prefills). The tiny models' random MTP heads draft tokens the target rejects almost
 everywhere; ``qwen3_5-dense-mtp-repeat`` (a head that drafts its input token again) gets
-drafts accepted, so steps keep more than one token; with it, seeded sampling draws from
-the target's distribution. Every other checkpoint layout loads its head (MoE, Qwen3-Next,
+drafts accepted, so steps keep more than one token. Every other checkpoint layout loads its head (MoE, Qwen3-Next,
 both vision-language layouts) and greedy ids equal transformers' without a drafter; the
 head's output on the first drafting step of a 40-token prompt equals the same head
 composed from transformers' modules (its full-attention decoder layer, RMSNorms and
@@ -60,42 +57,23 @@ def _accepted_per_position(llm) -> list[int]:
     return [sum(v) for v in zip(*vectors)] if vectors else []
 
 
-SAMPLED_PROMPT = _prompts(1, seed=6)[0][:17]
-DRAWS = 1200
-SAMPLED_STEPS = 4
-
-
-def _sampled(llm) -> list[list[int]]:
-    """DRAWS seeded samples (temperature 0.7) of SAMPLED_STEPS tokens after SAMPLED_PROMPT."""
-    from vllm import SamplingParams
-
-    params = [SamplingParams(temperature=0.7, max_tokens=SAMPLED_STEPS, ignore_eos=True, seed=1000 + i)
-              for i in range(DRAWS)]
-    outs = llm.generate([{"prompt_token_ids": SAMPLED_PROMPT}] * DRAWS, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
-def _run(model_dir: str, engine_kwargs: dict, batches: tuple = (ALONE, TOGETHER), sample: bool = False):
-    """Greedy ids of each batch, the engine's spec-decode and preemption counters, and
-    (``sample``) :func:`_sampled` draws."""
+def _run(model_dir: str, engine_kwargs: dict, batches: tuple = (ALONE, TOGETHER)):
+    """Greedy ids of each batch and the engine's spec-decode counters."""
     kwargs = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=32, disable_log_stats=False)
     with engine(model_dir, **{**kwargs, **engine_kwargs}) as llm:
         ids = [_greedy(llm, batch) for batch in batches]
-        draws = _sampled(llm) if sample else None
         stats = {
             "drafts": _counter(llm, "vllm:spec_decode_num_draft_tokens"),
             "accepted": _counter(llm, "vllm:spec_decode_num_accepted_tokens"),
             "per_position": _accepted_per_position(llm),
-            "preemptions": _counter(llm, "vllm:num_preemptions"),
         }
-    return ids, stats, draws
+    return ids, stats
 
 
 @pytest.fixture(scope="module")
 def without_mtp(repeat_head):
-    """Greedy ids and sampled draws of the target without a drafter."""
-    ids, _, draws = _run(repeat_head, {}, sample=True)
-    return ids, draws
+    """Greedy ids of the target without a drafter."""
+    return _run(repeat_head, {})[0]
 
 
 @pytest.fixture(scope="module")
@@ -108,65 +86,24 @@ def repeat_head(tmp_path_factory) -> str:
 @pytest.mark.parametrize("num_speculative_tokens", [1, 2, 3])
 def test_greedy_ids_with_mtp_equal_ids_without(tiny_models, without_mtp, num_speculative_tokens):
     """The tiny model's random head: drafts rejected almost everywhere."""
-    extra = dict(kv_cache_memory_bytes=PREEMPTING_CACHE_BYTES, max_model_len=512) if num_speculative_tokens == 2 else {}
-    ids, stats, _ = _run(tiny_models["qwen3_5-dense"], {**_mtp(num_speculative_tokens), **extra})
-    assert ids == without_mtp[0]
+    ids, stats = _run(tiny_models["qwen3_5-dense"], _mtp(num_speculative_tokens))
+    assert ids == without_mtp
     assert stats["drafts"] > 0, "no draft was verified: nothing was tested"
-    if num_speculative_tokens == 2:
-        assert stats["preemptions"] > 0, "the cache was large enough: nothing was preempted"
-
-
-PREEMPTING_CACHE_BYTES = 2 * 2**20
 
 
 @pytest.fixture(scope="module")
 def repeat_head_run(repeat_head):
-    return _run(repeat_head, _mtp(3), sample=True)
+    return _run(repeat_head, _mtp(3))
 
 
 @pytest.mark.slow
 def test_accepted_drafts_change_no_output(repeat_head_run, without_mtp):
     """Verify steps that keep 2 to 4 tokens advance the states by all of them."""
-    ids, stats, _ = repeat_head_run
-    assert ids == without_mtp[0]
+    ids, stats = repeat_head_run
+    assert ids == without_mtp
     print(f"\nrepeat head, 3 speculative tokens: {stats['accepted']:.0f} of {stats['drafts']:.0f} drafts "
           f"accepted, per position {stats['per_position']}")
     assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
-
-
-def _chi2_homogeneity(a: list[int], b: list[int]) -> float:
-    """p-value of the two-sample chi-square test that ``a`` and ``b`` come from one distribution
-    (values seen fewer than 10 times in both together pooled into one bin)."""
-    from collections import Counter
-
-    count_a, count_b = Counter(a), Counter(b)
-    values = sorted(set(a) | set(b))
-    big = [v for v in values if count_a[v] + count_b[v] >= 10]
-    bins = [(count_a[v], count_b[v]) for v in big]
-    rest = [v for v in values if v not in big]
-    if rest:
-        bins.append((sum(count_a[v] for v in rest), sum(count_b[v] for v in rest)))
-    total_a, total_b = len(a), len(b)
-    statistic = 0.0
-    for n_a, n_b in bins:
-        expected = (n_a + n_b) / (total_a + total_b)
-        statistic += (n_a - expected * total_a) ** 2 / (expected * total_a)
-        statistic += (n_b - expected * total_b) ** 2 / (expected * total_b)
-    dof = len(bins) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(statistic / 2, dtype=torch.float64)))
-
-
-@pytest.mark.slow
-def test_sampled_tokens_follow_the_target_distribution(repeat_head_run, without_mtp):
-    """Seeded sampling (temperature 0.7): at each generated position, the tokens drawn
-    with drafts verified by rejection sampling follow the distribution of those drawn without
-    (chi-square homogeneity over DRAWS draws each; a false alarm once in 10^4 runs)."""
-    with_mtp, without = repeat_head_run[2], without_mtp[1]
-    for step in range(SAMPLED_STEPS):
-        p = _chi2_homogeneity([d[step] for d in with_mtp], [d[step] for d in without])
-        assert p > 1e-4, (step, p)
-    assert repeat_head_run[1]["accepted"] > 0
 
 
 # --- every layout, and the head against transformers' modules --------------------------------------------------

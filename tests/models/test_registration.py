@@ -151,9 +151,14 @@ def test_mtp_drafter_names_are_the_ones_vllm_maps_mtp_targets_to():
     import transformers
     from vllm.config.speculative import SpeculativeConfig
 
-    configs = [transformers.Qwen3_5TextConfig(), transformers.Qwen3_5MoeTextConfig(), transformers.Qwen3NextConfig(),
-               transformers.Qwen3_5Config(), transformers.Qwen3_5MoeConfig()]
-    mapped = {SpeculativeConfig.hf_config_override(config).architectures[0] for config in configs}
+    configs = {"Qwen3_5ForCausalLM": transformers.Qwen3_5TextConfig(),
+               "Qwen3_5MoeForCausalLM": transformers.Qwen3_5MoeTextConfig(),
+               "Qwen3NextForCausalLM": transformers.Qwen3NextConfig(),
+               "Qwen3_5ForConditionalGeneration": transformers.Qwen3_5Config(),
+               "Qwen3_5MoeForConditionalGeneration": transformers.Qwen3_5MoeConfig()}
+    for arch, config in configs.items():
+        config.architectures = [arch]  # as a checkpoint's config.json names it
+    mapped = {SpeculativeConfig.hf_config_override(config).architectures[0] for config in configs.values()}
     assert mapped == set(MTP_ARCHITECTURES)
 
 
