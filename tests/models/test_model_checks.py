@@ -34,12 +34,18 @@ def test_prefix_cache_copies_the_whole_slot_of_the_current_block():
         assert spec.num_elements == state[2].numel()
 
 
-def test_prefix_cache_copy_refuses_speculative_steps():
+def test_prefix_cache_copy_after_a_speculative_step_reads_the_last_accepted_slot():
+    """Both states keep one slot per draft position: 3 accepted tokens -> 2 slots past the block."""
     from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForCausalLM
 
-    conv_copy, _ = Qwen3_5ForCausalLM.get_mamba_state_copy_func()
-    with pytest.raises(ValueError, match="num_accepted_tokens must be 1 .*got 2"):
-        conv_copy(torch.zeros(3, 5, 4), block_ids=[0, 1], cur_block_idx=0, num_accepted_tokens=2)
+    conv_state, ssm_state = torch.zeros(6, 5, 4), torch.zeros(6, 2, 3, 4)
+    for copy_func, state in zip(Qwen3_5ForCausalLM.get_mamba_state_copy_func(), (conv_state, ssm_state)):
+        spec = copy_func(state, block_ids=[5, 2, 4, 1, 3], cur_block_idx=1, num_accepted_tokens=3)
+        assert spec.start_addr == state[1].data_ptr()
+        assert spec.num_elements == state[1].numel()
+    with pytest.raises(ValueError, match="num_accepted_tokens must be >= 1; got 0"):
+        Qwen3_5ForCausalLM.get_mamba_state_copy_func()[0](conv_state, block_ids=[0, 1], cur_block_idx=0,
+                                                          num_accepted_tokens=0)
 
 
 def test_a_step_without_the_layers_metadata_is_refused_once_the_cache_is_bound():

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from vllm_gdn_neuron.plugin import ARCHITECTURES
+from vllm_gdn_neuron.plugin import ARCHITECTURES, MTP_ARCHITECTURES
 
 _PROBE = """
 import json
@@ -139,6 +139,27 @@ def test_the_vllm_shell_replaces_vllms_classes_on_cpu_or_where_forced(monkeypatc
     for arch in ARCHITECTURES:
         assert ModelRegistry.models[arch].module_name == "vllm_gdn_neuron.models.qwen3_5", arch
         assert MODELS_CONFIG_MAP[arch].is_vllm_gdn_neuron_hook, arch
+    for arch in MTP_ARCHITECTURES:  # the drafters are configured through their targets' hooks
+        assert ModelRegistry.models[arch].module_name == "vllm_gdn_neuron.models.qwen3_5_mtp", arch
+        assert ModelRegistry.models[arch].class_name == arch
+        assert not getattr(MODELS_CONFIG_MAP.get(arch), "is_vllm_gdn_neuron_hook", False), arch
+
+
+def test_mtp_drafter_names_are_the_ones_vllm_maps_mtp_targets_to():
+    """vLLM's speculative config renames a Qwen3.5 / Qwen3.5-MoE / Qwen3-Next target config to
+    its drafter architecture; every name it gives is one the plugin registers."""
+    import transformers
+    from vllm.config.speculative import SpeculativeConfig
+
+    configs = {"Qwen3_5ForCausalLM": transformers.Qwen3_5TextConfig(),
+               "Qwen3_5MoeForCausalLM": transformers.Qwen3_5MoeTextConfig(),
+               "Qwen3NextForCausalLM": transformers.Qwen3NextConfig(),
+               "Qwen3_5ForConditionalGeneration": transformers.Qwen3_5Config(),
+               "Qwen3_5MoeForConditionalGeneration": transformers.Qwen3_5MoeConfig()}
+    for arch, config in configs.items():
+        config.architectures = [arch]  # as a checkpoint's config.json names it
+    mapped = {SpeculativeConfig.hf_config_override(config).architectures[0] for config in configs.values()}
+    assert mapped == set(MTP_ARCHITECTURES)
 
 
 def test_the_platform_here_is_the_cpu():

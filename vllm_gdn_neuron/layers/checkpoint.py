@@ -2,7 +2,10 @@
 
 - Vision-language checkpoints keep the text decoder under ``model.language_model.`` and
   the vision tower under ``model.visual.`` (``visual.`` in older exports): see
-  :func:`vision_tensor_name`. A multi-token-prediction head (``mtp.``) is not served.
+  :func:`vision_tensor_name`.
+- The multi-token-prediction head (``mtp.``, every layout alike) is not part of the
+  target model; the MTP drafter reads it and the target's embedding / ``lm_head``
+  (:func:`mtp_tensor_name`).
 - Qwen3.5 stores the GatedDeltaNet projections separately: ``in_proj_qkv`` (flat
   ``[q all heads | k all heads | v all heads]``), ``in_proj_z``, ``in_proj_b``, ``in_proj_a``.
 - Qwen3-Next packs them per key-head group: ``in_proj_qkvz`` rows are, for each of
@@ -35,6 +38,17 @@ def vision_tensor_name(name: str) -> str | None:
     for prefix in VISION_PREFIXES:
         if name.startswith(prefix):
             return name[len(prefix):]
+    return None
+
+
+def mtp_tensor_name(name: str) -> str | None:
+    """The MTP drafter's name of a checkpoint tensor (``model.`` for the head, ``lm_head.``),
+    or None for a tensor of the target only."""
+    if name.startswith(MTP_PREFIX):
+        return "model." + name[len(MTP_PREFIX):]
+    text = text_tensor_name(name)
+    if text in ("model.embed_tokens.weight", "lm_head.weight"):
+        return text
     return None
 
 

@@ -1,9 +1,12 @@
 """The GatedDeltaNet token mixer of Qwen3.5 / Qwen3-Next: the math both shells run.
 
-One call mixes one engine step whose tokens come decodes first, then prefills:
+One call mixes one engine step whose tokens come verify rows first (speculative decoding),
+then decodes, then prefills:
 
 ```
 qkv [T, C], a, b [T, Hv]  (projected by the shell)
+  verify tokens  : paged_conv1d_verify + paged_gdn_verify   from the page of each row's last
+                   accepted token, the state after each token to its draft position's page
   decode rows    : paged_conv1d_decode + paged_gdn_decode   on their cache pages
   prefill tokens : paged_conv1d_prefill + paged_gdn_prefill from their pages' states
                    (zeros for new sequences), final states written back to the pages
@@ -108,21 +111,24 @@ def gdn_mix(
     decode: "ops.DecodeStep | None",
     prefill: "ops.PrefillStep | None",
     *,
+    verify: "ops.VerifyStep | None" = None,
     paged: bool = True,
     paged_ops=ops,
 ) -> torch.Tensor:
-    """Run the decode rows, then the prefill tokens, of one step; the pages advance in place.
+    """Run the verify tokens, the decode rows, then the prefill tokens, of one step; the pages
+    advance in place.
 
     Dimensions:
-        T: the step's tokens = N decode rows, then ``prefill.num_tokens`` prefill tokens,
-        then (the shell's padding) tokens of neither.
+        T: the step's tokens = ``verify.num_tokens`` verify tokens, then N decode rows, then
+        ``prefill.num_tokens`` prefill tokens, then (the shell's padding) tokens of none.
 
     Args:
         dims: this rank's head layout.
         qkv: ``[T, C]`` in the model dtype; a, b: ``[T, Hv]``.
         conv_weight: ``[C, K]``; A_log, dt_bias: ``[Hv]`` float32.
         caches: the layer's pages.
-        decode, prefill: the step's metadata (None for a part with no tokens).
+        decode, prefill, verify: the step's metadata (None for a part with no tokens). The
+            verify part always runs the trace-safe torch math of ``ops.paged_*_verify``.
         paged: run the trace-safe paged ops (torch math; the only choice inside a compiled
             graph). False: the public ops, which dispatch to ``$VLLM_GDN_BACKEND`` (``nki``
             in its interpreter, ``vllm_cpu``) and check their inputs on the host at every
@@ -136,6 +142,7 @@ def gdn_mix(
     parts = []
     start = 0
     step_parts = (
+        (verify, verify.num_tokens if verify else 0, _paged(ops.paged_conv1d_verify, ops.paged_gdn_verify)),
         (decode, decode.num_rows if decode else 0,
          _paged(paged_ops.paged_conv1d_decode, paged_ops.paged_gdn_decode) if paged else _dispatched_decode),
         (prefill, prefill.num_tokens if prefill else 0,

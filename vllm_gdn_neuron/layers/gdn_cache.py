@@ -51,9 +51,15 @@ def gdn_state_dtypes(
 
 
 def check_gdn_config(
-    text_config, tp_size: int, num_speculative_tokens: int, mamba_ssm_cache_dtype: str, quantization: str | None = None
+    text_config, tp_size: int, num_speculative_tokens: int, mamba_ssm_cache_dtype: str, quantization: str | None = None,
+    prefix_caching: bool = False,
 ) -> None:
     """Refuse, at start-up, a configuration the GatedDeltaNet layer cannot serve.
+
+    Speculative decoding is served (the layer verifies ``1 + num_speculative_tokens`` tokens per
+    request, one state slot per draft position), except with prefix caching (vLLM's mamba
+    ``align`` mode): vLLM 0.32 carries the states of speculative steps between prefix blocks
+    with a Triton GPU kernel its CPU platform has no CPU version of.
 
     Raises:
         ValueError: naming the setting, what is supported and what was given.
@@ -75,10 +81,12 @@ def check_gdn_config(
         )
     if text_config.hidden_act != "silu":
         raise ValueError(f"hidden_act must be 'silu' for the GatedDeltaNet conv; got {text_config.hidden_act!r}")
-    if num_speculative_tokens:
+    if num_speculative_tokens and prefix_caching:
         raise ValueError(
-            "speculative decoding is not supported by the vllm-gdn-neuron GatedDeltaNet layer "
-            f"(num_speculative_tokens must be 0); got num_speculative_tokens={num_speculative_tokens}"
+            "speculative decoding with prefix caching is not supported by the vllm-gdn-neuron GatedDeltaNet "
+            "layer on CPU (vLLM moves speculative GatedDeltaNet states between prefix blocks with Triton GPU "
+            "kernels); turn one off: --no-enable-prefix-caching, or no --speculative-config; got "
+            f"num_speculative_tokens={num_speculative_tokens}, enable_prefix_caching={prefix_caching}"
         )
     if quantization is not None:
         raise ValueError(

@@ -9,7 +9,11 @@ shell); this module only adapts vLLM's pieces to it:
   per block, block 0 being vLLM's null block (never a request's: the ops' pad page);
 - metadata: vLLM's ``GDNAttentionMetadata`` (decodes ordered before prefills) becomes
   ``ops.DecodeStep`` / ``ops.PrefillStep``, built and checked on the host once per step
-  and shared by every GDN layer of the step;
+  and shared by every GDN layer of the step; with speculative decoding, its verify rows
+  (``spec_*``: 1 + drafts tokens per request, one state page per draft position,
+  ``num_accepted_tokens``) become an ``ops.VerifyStep``, and a step mixing them with
+  prefills is permuted (``spec_token_indx`` then ``non_spec_token_indx``) into the ops'
+  verify-first order and back;
 - backend: chosen once, when the layer is built (``ops.layer_backends``: the CPU's
   instruction sets or a start-up measurement on the layer's shapes, logged once; or
   ``$VLLM_GDN_BACKEND``): the trace-safe paged ops, each phase on torch math or vLLM's C++
@@ -20,6 +24,8 @@ A step without this layer's metadata is refused, except vLLM's profiling run: vL
 the model once with ``attn_metadata=None`` before it allocates the cache, and then no
 state exists to advance; that run (no metadata *and* no cache bound) mixes nothing.
 """
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -165,10 +171,15 @@ class GatedDeltaNet(nn.Module, MambaBase):
             core = qkv.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)
         else:
             conv_cache, ssm_cache = cache
-            decode, prefill = engine_step(step, conv_cache.shape[0])
+            parts = engine_step(step, conv_cache.shape[0])
+            if parts.order is not None:
+                qkv, a, b = (t.index_select(0, parts.order) for t in (qkv, a, b))
             core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
-                           GDNCaches(conv=conv_cache, ssm=ssm_cache), decode, prefill,
-                           paged=self.backends.dispatched is None, paged_ops=self.backends.paged_ops)
+                           GDNCaches(conv=conv_cache, ssm=ssm_cache), parts.decode, parts.prefill,
+                           verify=parts.verify, paged=self.backends.dispatched is None,
+                           paged_ops=self.backends.paged_ops)
+            if parts.order is not None:
+                core = core.new_zeros(num_tokens, *core.shape[1:]).index_copy_(0, parts.order, core)
         out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
         out, _ = self.out_proj(out.view(num_tokens, self.value_dim))
         return out
@@ -221,19 +232,44 @@ def layer_metadata(attn_metadata, prefix: str, cache_bound: bool):
     return step
 
 
-_last_step: list = [None, None]  # (vLLM's metadata object, its steps): one entry, the current step
+@dataclass(frozen=True)
+class StepParts:
+    """The ops' metadata of one engine step.
+
+    Attributes:
+        verify, decode, prefill: the parts (None for a part with no tokens).
+        order: ``[T]`` int64 step token of each ops token (verify tokens, then the others), or
+            None when the step's tokens already come in the ops' order.
+    """
+
+    verify: "ops.VerifyStep | None"
+    decode: "ops.DecodeStep | None"
+    prefill: "ops.PrefillStep | None"
+    order: torch.Tensor | None
 
 
-def engine_step(metadata, num_pages: int) -> tuple["ops.DecodeStep | None", "ops.PrefillStep | None"]:
+_last_step: list = [None, None]  # (vLLM's metadata object, its parts): one entry, the current step
+
+
+def engine_step(metadata, num_pages: int) -> StepParts:
     """The ops' metadata of vLLM's ``GDNAttentionMetadata`` (built and checked once per step).
 
     vLLM hands every GDN layer of a step the same metadata object, so the first layer
-    builds and host-checks the steps and the others reuse them.
+    builds and host-checks the parts and the others reuse them. With speculative decoding
+    vLLM turns a step's plain decodes into one-token prefills, so verify rows and decode
+    rows never share a step.
     """
     if _last_step[0] is metadata:
         return _last_step[1]
-    decode = prefill = None
-    decode_pages = prefill_args = None
+    verify = decode = prefill = order = None
+    decode_pages = prefill_args = verify_args = None
+    if metadata.num_spec_decodes:
+        n = metadata.num_spec_decodes
+        verify_args = (metadata.spec_query_start_loc[: n + 1], metadata.spec_state_indices_tensor[:n],
+                       metadata.num_accepted_tokens[:n], metadata.num_spec_decode_tokens)
+        verify = ops.VerifyStep.build(*verify_args, pad_page=PAD_PAGE)
+        if metadata.num_prefills or metadata.num_decodes:
+            order = torch.cat([metadata.spec_token_indx, metadata.non_spec_token_indx]).to(torch.int64)
     if metadata.num_decodes:
         decode_pages = metadata.non_spec_state_indices_tensor[: metadata.num_decodes]
         decode = ops.DecodeStep.build(decode_pages, PAD_PAGE)
@@ -248,6 +284,9 @@ def engine_step(metadata, num_pages: int) -> tuple["ops.DecodeStep | None", "ops
         prefill_pages=prefill_args[1] if prefill_args else None,
         prefill_has_state=prefill_args[2] if prefill_args else None,
         num_prefill_tokens=metadata.num_prefill_tokens if prefill_args else None,
+        **(dict(zip(("verify_query_start_loc", "verify_pages", "verify_num_accepted", "num_verify_tokens"),
+                    verify_args)) if verify_args else {}),
     )
-    _last_step[:] = [metadata, (decode, prefill)]
-    return decode, prefill
+    parts = StepParts(verify, decode, prefill, order)
+    _last_step[:] = [metadata, parts]
+    return parts

@@ -58,10 +58,12 @@ logger = init_logger(f"vllm.plugins.{__name__}")
 class HybridDecoderLayer(nn.Module):
     """One Qwen3.5 block: token mixer + feed-forward, pre-norm, fused residual adds."""
 
-    def __init__(self, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> None:
+    def __init__(self, vllm_config: VllmConfig, layer_idx: int, prefix: str, layer_type: str | None = None) -> None:
+        """``layer_type`` overrides ``config.layer_types[layer_idx]`` (the MTP head's layer is
+        full attention with layer 0's feed-forward rule)."""
         super().__init__()
         config = vllm_config.model_config.hf_text_config
-        self.layer_type = config.layer_types[layer_idx]
+        self.layer_type = layer_type or config.layer_types[layer_idx]
         if self.layer_type == "linear_attention":
             self.linear_attn = GatedDeltaNet(config, vllm_config, prefix=f"{prefix}.linear_attn")
         elif self.layer_type == "full_attention":
@@ -123,27 +125,79 @@ def _copy_whole_state(
 ) -> MambaCopySpec:
     """Copy one cache slot's state whole (prefix caching in mamba ``align`` mode).
 
-    Without speculative decoding (which the plugin refuses) exactly one token is
-    accepted per step, so the state to carry is the whole slot of the current block,
-    whatever its layout (the conv state here is ``[C, K]``, K wide).
+    Both states (conv ``[C, K]`` and recurrent) keep one slot per draft position, the
+    state after the step's token t in slot t, so the state to carry is the whole slot
+    of the last accepted token, ``num_accepted_tokens - 1`` slots past the current block.
     """
-    if num_accepted_tokens != 1:
-        raise ValueError(f"num_accepted_tokens must be 1 (no speculative decoding); got {num_accepted_tokens}")
-    source = state[block_ids[cur_block_idx]]
+    if num_accepted_tokens < 1:
+        raise ValueError(f"num_accepted_tokens must be >= 1; got {num_accepted_tokens}")
+    source = state[block_ids[cur_block_idx + num_accepted_tokens - 1]]
     return MambaCopySpec(start_addr=source.data_ptr(), num_elements=source.numel())
 
 
-class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
-    """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
+class CheckpointLoader:
+    """Loads Hugging Face checkpoint tensors (either GDN layout, sharded or not) into a module's
+    vLLM parameters; the module names which tensors it takes (:meth:`checkpoint_tensor_name`)
+    and sets ``config`` (the text config) and ``tie_word_embeddings``."""
 
-    The same class serves the MoE variant (sparse layers come from the config) and,
-    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections.
-    """
+    def checkpoint_tensor_name(self, checkpoint_name: str) -> str | None:
+        """This module's name of a checkpoint tensor, or None for one it does not take."""
+        raise NotImplementedError
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+    def report_skipped(self, skipped: list[str]) -> None:
+        """Called once with the checkpoint names the module did not take."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load the checkpoint tensors this module takes.
+
+        Returns:
+            The names of the parameters that were written.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        skipped: list[str] = []
+        for checkpoint_name, tensor in weights:
+            name = self.checkpoint_tensor_name(checkpoint_name)
+            if name is None:
+                skipped.append(checkpoint_name)
+                continue
+            if self.tie_word_embeddings and name.startswith("lm_head."):
+                continue
+            if ".mlp.experts." in name:
+                loaded |= self._load_experts(name, tensor)
+                continue
+            for param_name, shard, part in plan_loads(name, tensor, self.config):
+                if param_name not in params:
+                    raise ValueError(
+                        f"checkpoint tensor {checkpoint_name!r} has no parameter {param_name!r} in "
+                        f"{type(self).__name__} (is the config's architecture right?)"
+                    )
+                param = params[param_name]
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                if shard is None:
+                    loader(param, part)
+                else:
+                    loader(param, part, shard)
+                loaded.add(param_name)
+        self.report_skipped(skipped)
+        return loaded
+
+    def _load_experts(self, name: str, tensor: torch.Tensor) -> set[str]:
+        """Hand one routed-expert tensor (per-expert or fused 3-D) to vLLM's fused-MoE loader."""
+        layer_prefix, _, relative = name.partition(".mlp.experts.")
+        module_name = f"{layer_prefix}.mlp.experts"
+        experts = self.get_submodule(module_name)
+        return {f"{module_name}.{param}" for param in experts.load_weights([(relative, tensor)])}
+
+
+class WithLMHead(CheckpointLoader, nn.Module):
+    """A ``model`` (with ``embed_tokens``) under the LM head, tied to the embedding when the
+    checkpoint's config says so: the target models and the MTP drafters alike."""
+
+    def __init__(self, vllm_config: VllmConfig, model: nn.Module) -> None:
         super().__init__()
         self.config = vllm_config.model_config.hf_text_config
-        self.model = HybridModel(vllm_config, prefix="model")
+        self.model = model
         self.tie_word_embeddings = bool(getattr(vllm_config.model_config.hf_config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, prefix="lm_head")
         if self.tie_word_embeddings:
@@ -152,6 +206,20 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+
+class Qwen3_5ForCausalLM(WithLMHead, HasInnerState, IsHybrid):
+    """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
+
+    The same class serves the MoE variant (sparse layers come from the config) and,
+    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config, HybridModel(vllm_config, prefix="model"))
 
     def forward(
         self,
@@ -163,9 +231,6 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
     ) -> torch.Tensor:
         """[T] token ids (or [T, H] embeddings) and [T] positions -> [T, H] final hidden states."""
         return self.model(input_ids, positions, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states)
 
     # --- the mamba-style cache (IsHybrid) -------------------------------------------------
 
@@ -186,48 +251,13 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
 
     # --- weights --------------------------------------------------------------------------
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load Hugging Face checkpoint tensors (either GDN layout, sharded or not).
+    def checkpoint_tensor_name(self, checkpoint_name: str) -> str | None:
+        return text_tensor_name(checkpoint_name)
 
-        Returns:
-            The names of the parameters that were written.
-        """
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        skipped_vision = 0
-        for checkpoint_name, tensor in weights:
-            name = text_tensor_name(checkpoint_name)
-            if name is None:
-                skipped_vision += not checkpoint_name.startswith(MTP_PREFIX)
-                continue
-            if self.tie_word_embeddings and name.startswith("lm_head."):
-                continue
-            if ".mlp.experts." in name:
-                loaded |= self._load_experts(name, tensor)
-                continue
-            for param_name, shard, part in plan_loads(name, tensor, self.config):
-                if param_name not in params:
-                    raise ValueError(
-                        f"checkpoint tensor {checkpoint_name!r} has no parameter {param_name!r} in "
-                        f"{type(self).__name__} (is the config's architecture right?)"
-                    )
-                param = params[param_name]
-                loader = getattr(param, "weight_loader", default_weight_loader)
-                if shard is None:
-                    loader(param, part)
-                else:
-                    loader(param, part, shard)
-                loaded.add(param_name)
-        if skipped_vision:
-            logger.info("vllm-gdn-neuron: skipped %d vision-tower tensors (text-only deployment)", skipped_vision)
-        return loaded
-
-    def _load_experts(self, name: str, tensor: torch.Tensor) -> set[str]:
-        """Hand one routed-expert tensor (per-expert or fused 3-D) to vLLM's fused-MoE loader."""
-        layer_prefix, _, relative = name.partition(".mlp.experts.")
-        module_name = f"{layer_prefix}.mlp.experts"
-        experts = self.get_submodule(module_name)
-        return {f"{module_name}.{param}" for param in experts.load_weights([(relative, tensor)])}
+    def report_skipped(self, skipped: list[str]) -> None:
+        vision = sum(not name.startswith(MTP_PREFIX) for name in skipped)
+        if vision:
+            logger.info("vllm-gdn-neuron: skipped %d vision-tower tensors (text-only deployment)", vision)
 
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):

@@ -6,14 +6,21 @@ else ``torch``. Backends and their contract: ``vllm_gdn_neuron.ops.backends``; a
 layer's choice, made once: ``vllm_gdn_neuron.ops.layer_backends``.
 
 The paged ops (``paged_*``) are the trace-safe engine-step path: they read and write page-major
-caches themselves from a ``DecodeStep`` / ``PrefillStep`` built once per step, whose values
-``check_step`` validates on the host once per step.
+caches themselves from a ``DecodeStep`` / ``PrefillStep`` / ``VerifyStep`` built once per step,
+whose values ``check_step`` validates on the host once per step.
 """
 
 from .conv1d import conv1d_decode, conv1d_prefill
 from .gdn import gdn2_prefill, gdn_decode, gdn_prefill
-from .paged import paged_conv1d_decode, paged_conv1d_prefill, paged_gdn_decode, paged_gdn_prefill
-from .step import DecodeStep, PrefillStep
+from .paged import (
+    paged_conv1d_decode,
+    paged_conv1d_prefill,
+    paged_conv1d_verify,
+    paged_gdn_decode,
+    paged_gdn_prefill,
+    paged_gdn_verify,
+)
+from .step import DecodeStep, PrefillStep, VerifyStep
 from .step_checks import check_step
 from .validation import PAD_SLOT_ID
 
@@ -21,6 +28,7 @@ __all__ = [
     "PAD_SLOT_ID",
     "DecodeStep",
     "PrefillStep",
+    "VerifyStep",
     "check_step",
     "conv1d_decode",
     "conv1d_prefill",
@@ -29,6 +37,8 @@ __all__ = [
     "gdn_prefill",
     "paged_conv1d_decode",
     "paged_conv1d_prefill",
+    "paged_conv1d_verify",
     "paged_gdn_decode",
     "paged_gdn_prefill",
+    "paged_gdn_verify",
 ]

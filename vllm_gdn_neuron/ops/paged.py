@@ -27,7 +27,7 @@ from .backends.torch.common import prepare_qk
 from .backends.torch.conv1d import conv_over_rows, window_dot
 from .conv1d import ACTIVATIONS
 from .dispatch import select_in_place
-from .step import DecodeStep, PrefillStep
+from .step import DecodeStep, PrefillStep, VerifyStep
 from .validation import (
     ACTIVATION_DTYPES,
     check_choice,
@@ -102,10 +102,16 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu", backe
     if fast is not None:
         return fast(x, weight, conv_cache, step.pages, step.is_real, activation)
     rows = conv_cache.index_select(0, step.pages)
-    window = torch.cat([rows[..., 1:].float(), x.float()[..., None]], -1)
-    y = _activate(window_dot(window, weight), activation)
+    y, window = _conv_step(rows, x, weight, activation)
     conv_cache.index_copy_(0, step.pages, window.to(rows.dtype))
     return torch.where(step.is_real[:, None], y, 0.0).to(x.dtype)
+
+
+def _conv_step(window, x, weight, activation):
+    """One conv1d token per row: ``window [N, C, K]`` (any float dtype) shifted left by one with
+    ``x [N, C]`` appended -> ``(y [N, C], new window [N, C, K])``, both float32."""
+    window = torch.cat([window[..., 1:].float(), x.float()[..., None]], -1)
+    return _activate(window_dot(window, weight), activation), window
 
 
 def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu", backend="auto"):
@@ -181,17 +187,32 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     scale = resolve_scale(scale, dim_k)
     if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
         return _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm), backend)
-    group = v.shape[1] // q.shape[1]
     state = ssm_cache.index_select(0, step.pages).float()
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
+    o, new = _gdn_step(state, q, k, v, g, beta)
+    ssm_cache.index_copy_(0, step.pages, new.to(ssm_cache.dtype))
+    return torch.where(step.is_real[:, None, None], o, 0.0).to(v.dtype)
+
+
+def _gdn_step(state, q, k, v, g, beta):
+    """One gated delta rule token per row, on gathered float32 states.
+
+    Args:
+        state: ``[N, Hv, Dk, Dv]`` float32.
+        q, k: ``[N, Hk, Dk]`` float32, already prepared (``prepare_qk``: normalised, q scaled).
+        v: ``[N, Hv, Dv]``; g, beta: ``[N, Hv]`` float32.
+
+    Returns:
+        ``(o [N, Hv, Dv], new state [N, Hv, Dk, Dv])``, float32.
+    """
+    group = v.shape[1] // q.shape[1]
     k_q = torch.stack([k, q], dim=2).repeat_interleave(group, dim=1)         # [N, Hv, 2, Dk]
     reads = k_q @ state                                                       # [N, Hv, 2, Dv]
     decay = g.exp()[..., None]                                                # [N, Hv, 1]
     v_new = beta[..., None] * (v.float() - decay * reads[:, :, 0])
     o = decay * reads[:, :, 1] + (k_q[:, :, 0] * k_q[:, :, 1]).sum(-1, keepdim=True) * v_new
     new = state * decay[..., None] + k_q[:, :, 0, :, None] * v_new[:, :, None, :]
-    ssm_cache.index_copy_(0, step.pages, new.to(ssm_cache.dtype))
-    return torch.where(step.is_real[:, None, None], o, 0.0).to(v.dtype)
+    return o, new
 
 
 def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm, backend):
@@ -242,3 +263,89 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l
                                    bool(use_qk_l2norm), layout=step.chunks)
     ssm_cache.index_copy_(0, step.pages, final.to(ssm_cache.dtype))
     return torch.where(step.is_real_token[:, None, None], o, 0.0)
+
+
+def _grid(x, step):
+    """Packed tokens ``[T, ...]`` -> ``[R, W, ...]`` by (row, draft position); zeros where none."""
+    rows = x.index_select(0, step.token_index.reshape(-1)).view(*step.token_index.shape, *x.shape[1:])
+    mask = step.is_real.view(*step.is_real.shape, *(1,) * (x.dim() - 1))
+    return torch.where(mask, rows, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _packed(y, step):
+    """``[R, W, ...]`` by (row, draft position) -> packed tokens ``[T, ...]``; padding tokens zero."""
+    flat = y.reshape(-1, *y.shape[2:]).index_select(0, step.token_slot)
+    mask = step.is_real_token.view(-1, *(1,) * (y.dim() - 2))
+    return torch.where(mask, flat, torch.zeros((), dtype=y.dtype, device=y.device))
+
+
+def paged_conv1d_verify(x, weight, conv_cache, step, *, activation="silu"):
+    """Conv1d over the verify rows of a speculative step, one state page per draft position.
+
+    Row r starts from the window on ``step.source_pages[r]`` (the one after its last accepted
+    token); the window after its token t is written to ``step.write_pages[r, t]``. Each token is
+    the decode step of ``paged_conv1d_decode`` (same math), run for t = 0 .. W - 1 over all rows.
+
+    Dimensions:
+        T: packed verify tokens, R: rows, W: draft positions per row, C: channels, K: kernel width.
+
+    Args:
+        x: ``[T, C]`` float32 or bfloat16, T = ``step.num_tokens``.
+        weight: ``[C, K]`` float32 or bfloat16.
+        conv_cache: ``[P, C, K]`` float32 or x's dtype; pages ``step.write_pages`` are rewritten.
+        step: the step's ``VerifyStep``.
+        activation: ``"silu"`` or None.
+
+    Returns:
+        ``y``: ``[T, C]`` in x's dtype; padding tokens zero.
+    """
+    _check_step(step, VerifyStep)
+    _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
+    grid = _grid(x, step)
+    window = conv_cache.index_select(0, step.source_pages)
+    outputs, windows = [], []
+    for position in range(step.width):
+        y, stepped = _conv_step(window, grid[:, position], weight, activation)
+        # Read back as the cache holds it, as the next decode step would.
+        window = stepped.to(conv_cache.dtype)
+        outputs.append(y)
+        windows.append(window)
+    conv_cache.index_copy_(0, step.write_pages.reshape(-1), torch.stack(windows, 1).flatten(0, 1))
+    return _packed(torch.stack(outputs, 1), step).to(x.dtype)
+
+
+def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """Gated delta rule over the verify rows of a speculative step, one state page per draft position.
+
+    Row r starts from the state on ``step.source_pages[r]``; the state after its token t is
+    written to ``step.write_pages[r, t]`` (the pad page for positions without a token). Each token
+    is the decode step of ``paged_gdn_decode`` (same math, the state rounded to the cache dtype
+    between tokens as a decode step would leave it).
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` float32 or bfloat16, T = ``step.num_tokens``.
+        v: ``[T, Hv, Dv]``, q's dtype.
+        g, beta: ``[T, Hv]`` float32 (g <= 0).
+        ssm_cache: ``[P, Hv, Dk, Dv]`` float32 or bfloat16; pages ``step.write_pages`` are rewritten.
+        step: the step's ``VerifyStep``.
+        scale, use_qk_l2norm: as in ``paged_gdn_decode``.
+
+    Returns:
+        ``o``: ``[T, Hv, Dv]`` in q's dtype; padding tokens zero.
+    """
+    _check_step(step, VerifyStep)
+    dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
+    scale = resolve_scale(scale, dim_k)
+    q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
+    q, k, v, g, beta = (_grid(t, step) for t in (q, k, v, g, beta))
+    state = ssm_cache.index_select(0, step.source_pages).float()
+    outputs, states = [], []
+    for position in range(step.width):
+        o, stepped = _gdn_step(state, q[:, position], k[:, position], v[:, position], g[:, position],
+                               beta[:, position])
+        kept = stepped.to(ssm_cache.dtype)
+        state = kept.float()
+        outputs.append(o)
+        states.append(kept)
+    ssm_cache.index_copy_(0, step.write_pages.reshape(-1), torch.stack(states, 1).flatten(0, 1))
+    return _packed(torch.stack(outputs, 1), step).to(v.dtype)

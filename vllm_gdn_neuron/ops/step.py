@@ -7,8 +7,8 @@ A prefill bucket packs any number of sequences up to S whose lengths sum to at m
 trace-safe chunk layout (``VarlenChunkLayout``) has the bucket's ``varlen_chunk_bound(T, S, C)``
 chunks, the most that any such composition has.
 
-Padding: decode rows and prefill sequences that carry no request are routed to the caller's
-reserved pad page; prefill tokens at or after ``query_start_loc[S]`` belong to no sequence. The
+Padding: decode rows, verify rows and prefill sequences that carry no request are routed to the
+caller's reserved pad page; prefill tokens at or after ``query_start_loc[S]`` belong to no sequence. The
 ops give padding rows and tokens zero outputs and never touch a live page on their behalf.
 Values are validated on the host, once per step, by ``vllm_gdn_neuron.ops.check_step``.
 """
@@ -108,3 +108,84 @@ class PrefillStep:
     @property
     def num_seqs(self):
         return self.pages.shape[0]
+
+
+@dataclass
+class VerifyStep:
+    """Verify rows of one step (speculative decoding): each row carries its last token and up to
+    W - 1 draft tokens, packed end to end, and owns W state pages, one per draft position.
+
+    The state a row starts from is the one after its last accepted token of the previous step,
+    on page ``pages[r, num_accepted[r] - 1]``; the state after its token ``t`` goes to
+    ``pages[r, t]`` (vLLM's GatedDeltaNet speculative layout), so a rejected draft leaves no
+    trace in the state the next step reads.
+
+    Attributes:
+        pages: ``[R, W]`` int64 pages of each row's draft positions (padding rows: the pad page).
+        source_pages: ``[R]`` int64 page each row's state is read from.
+        write_pages: ``[R, W]`` int64 page the state after each (row, position) goes to: ``pages``
+            where the position carries a token, else the pad page.
+        is_real: ``[R, W]`` bool, the (row, position) pairs that carry a token.
+        token_index: ``[R, W]`` int64 packed token of each (row, position) (0 where none).
+        token_slot: ``[T]`` int64 flat ``r * W + t`` position of each packed token (0 for padding).
+        is_real_token: ``[T]`` bool, the tokens of a row.
+    """
+
+    pages: torch.Tensor
+    source_pages: torch.Tensor
+    write_pages: torch.Tensor
+    is_real: torch.Tensor
+    token_index: torch.Tensor
+    token_slot: torch.Tensor
+    is_real_token: torch.Tensor
+
+    @classmethod
+    def build(cls, query_start_loc, pages, num_accepted, num_tokens, pad_page):
+        """Args:
+            query_start_loc: ``[R + 1]`` int32 or int64 row boundaries in the packed tokens, from 0,
+                each row 1..W tokens (padding rows 0), last <= T.
+            pages: ``[R, W]`` int32 or int64 (W = 1 + the speculative tokens).
+            num_accepted: ``[R]`` int32 or int64 in ``[1, W]``: tokens of the row's previous step
+                whose state is kept (1 after a prefill or a step with every draft rejected).
+            num_tokens: T (a Python int), the packed tokens of the ops' inputs.
+            pad_page: the reserved page positions without a token write to.
+        """
+        num_rows, width = check_tensor("pages", pages, (("R", None), ("W", None)), INDEX_DTYPES)
+        check_tensor("query_start_loc", query_start_loc, (("R+1", num_rows + 1),), INDEX_DTYPES)
+        check_tensor("num_accepted", num_accepted, (("R", num_rows),), INDEX_DTYPES)
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: expected an int >= 0, got {num_tokens!r}")
+        if isinstance(pad_page, bool) or not isinstance(pad_page, int):
+            raise ValueError(f"pad_page: expected an int, got {pad_page!r}")
+        bounds = query_start_loc.to(torch.int64)
+        pages = pages.to(torch.int64)
+        device = bounds.device
+        positions = torch.arange(width, dtype=torch.int64, device=device)
+        is_real = positions < (bounds[1:] - bounds[:-1])[:, None]
+        token_index = torch.where(is_real, bounds[:-1, None] + positions, 0)
+        rows = torch.arange(num_rows, dtype=torch.int64, device=device)
+        # Row of packed token t = how many rows end at or before t (a cumsum of end marks).
+        ends = torch.zeros(num_tokens + 1, dtype=torch.int64, device=device)
+        ends.index_add_(0, bounds[1:].clamp(max=num_tokens), torch.ones_like(bounds[1:]))
+        token_row = ends.cumsum(0)[:num_tokens].clamp(max=max(num_rows - 1, 0))
+        tokens = torch.arange(num_tokens, dtype=torch.int64, device=device)
+        is_real_token = tokens < bounds[-1]
+        slot = token_row * width + (tokens - bounds.index_select(0, token_row)) if num_rows else tokens
+        token_slot = torch.where(is_real_token, slot, 0)
+        accepted = (num_accepted.to(torch.int64) - 1).clamp(0, width - 1)
+        source_pages = pages[rows, accepted]
+        write_pages = torch.where(is_real, pages, pad_page)
+        return cls(pages, source_pages, write_pages, is_real, token_index, token_slot, is_real_token)
+
+    @property
+    def num_rows(self):
+        return self.pages.shape[0]
+
+    @property
+    def width(self):
+        """W: the positions of a row (1 + the speculative tokens)."""
+        return self.pages.shape[1]
+
+    @property
+    def num_tokens(self):
+        return self.token_slot.shape[0]
