@@ -192,7 +192,7 @@ def test_every_trn2_config_fits_one_chip(path):
     # The plugin's Neuron shell, for the published checkpoint's (vision-language) architecture.
     checkpoint_arch = "Qwen3_5MoeForConditionalGeneration" if "A3B" in settings["model"] else "Qwen3_5ForConditionalGeneration"
     assert plugin.NEURON_ARCHITECTURES[settings["hf-overrides"]["architectures"][0]] == checkpoint_arch
-    assert settings["additional-config"]["neuron_config"]["on_device_sampling_config"] is None
+    assert settings["additional-config"]["neuron_config"]["on_device_sampling_config"] == {"max_top_k": 256}
     # One trn2 chip shows 4 NeuronCores at LNC=2.
     assert 4 % settings["tensor-parallel-size"] == 0
 
