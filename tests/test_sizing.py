@@ -285,4 +285,6 @@ def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
     text_config = getattr(transformers, class_name)(**overrides)
     check_text_config(text_config, settings["tensor-parallel-size"])
     neuron_config = types.SimpleNamespace(**settings["additional-config"]["neuron_config"])
+    # NeuronConfig.from_dict makes the sampling dict an OnDeviceSamplingConfig (attributes).
+    neuron_config.on_device_sampling_config = types.SimpleNamespace(**neuron_config.on_device_sampling_config)
     check_neuron_config(neuron_config, text_config, settings["max-model-len"], settings["max-num-seqs"])
