@@ -192,7 +192,7 @@ def test_every_trn2_config_fits_one_chip(path):
     # The plugin's Neuron shell, for the published checkpoint's (vision-language) architecture.
     checkpoint_arch = "Qwen3_5MoeForConditionalGeneration" if "A3B" in settings["model"] else "Qwen3_5ForConditionalGeneration"
     assert plugin.NEURON_ARCHITECTURES[settings["hf-overrides"]["architectures"][0]] == checkpoint_arch
-    assert settings["additional-config"]["neuron_config"]["on_device_sampling_config"] is None
+    assert settings["additional-config"]["neuron_config"]["on_device_sampling_config"] == {"max_top_k": 256}
     # One trn2 chip shows 4 NeuronCores at LNC=2.
     assert 4 % settings["tensor-parallel-size"] == 0
 
@@ -285,4 +285,6 @@ def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
     text_config = getattr(transformers, class_name)(**overrides)
     check_text_config(text_config, settings["tensor-parallel-size"])
     neuron_config = types.SimpleNamespace(**settings["additional-config"]["neuron_config"])
+    # NeuronConfig.from_dict makes the sampling dict an OnDeviceSamplingConfig (attributes).
+    neuron_config.on_device_sampling_config = types.SimpleNamespace(**neuron_config.on_device_sampling_config)
     check_neuron_config(neuron_config, text_config, settings["max-model-len"], settings["max-num-seqs"])

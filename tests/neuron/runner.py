@@ -22,7 +22,15 @@ https://github.com/vllm-project/vllm-neuron/pull/54), ``vllm_neuron/vllm/worker/
   slots ``NULL_BLOCK_ID = 0``; the block table the model sees has vLLM's null block 0
   replaced by ``-1``, and rows past the step's requests keep what earlier requests left.
 - ``_execute_model_forward``: the keywords below; ``rotary_position_ids`` only for an M-RoPE
-  config, ``inputs_embeds`` / ``is_token_ids`` only with prompt embeds enabled.
+  config, ``inputs_embeds`` / ``is_token_ids`` only with prompt embeds enabled. With
+  on-device sampling (``neuron_config.on_device_sampling_config`` not None: the default when
+  the key is absent, ``NeuronConfig.from_dict``) ``sampling_params`` is
+  ``build_sampling_params_tensor`` of the batch's sampling metadata (float32 ``[num_reqs, 3]``
+  ``[top_k, top_p, temperature]``, absent columns ``-1`` / ``1`` / ``0``) zero-padded to the
+  block-table rows, and the model returns ``(token_ids, logits or None)``; without it
+  ``sampling_params`` is None and the model returns logits (sampled on the host: argmax
+  here). ``__init__`` sets ``neuron_config.max_logprobs`` to the engine's ``max_logprobs``
+  unless given.
 - ``warmup_prefill`` / ``warmup_decode`` and their ``_build_*_synthetic_inputs`` /
   ``_build_warmup_attention_metadata``: ids ``arange(1, n + 1)`` (prefill) or ones (decode),
   positions ``arange(n)`` or ``context_len - 1 = 255``, block tables ``arange(W)`` per row,
@@ -91,17 +99,35 @@ WARMUP_CONTEXT_LEN = 256
 COMPILE_OPTIONS = {"alias_meta_to_neuron": True, "compiler_args": ["--auto-cast=none"]}
 
 
+class OnDeviceSamplingConfigStandIn:
+    """``OnDeviceSamplingConfig(**kwargs)``: its fields and defaults."""
+
+    DEFAULTS = dict(all_greedy=False, max_top_k=256, deterministic=False, sampling_dp_degree=1, capture_topk=False)
+
+    def __init__(self, **fields) -> None:
+        for key, value in {**self.DEFAULTS, **fields}.items():
+            setattr(self, key, value)
+
+
 class NeuronConfigStandIn:
     """``NeuronConfig.from_dict``: every key of ``additional_config["neuron_config"]`` as an
-    attribute, over defaults for the fields the runner and the shell read."""
+    attribute, over defaults for the fields the runner and the shell read.
 
-    DEFAULTS = dict(on_device_sampling_config=None, quantization=None, num_batched_tokens_buckets=None,
+    ``on_device_sampling_config``: a dict becomes an :class:`OnDeviceSamplingConfigStandIn`,
+    None stays None (host sampling), and an absent key means the default config (on).
+    """
+
+    DEFAULTS = dict(quantization=None, num_batched_tokens_buckets=None, max_logprobs=0, debug_logits_dir=None,
                     num_seqs_buckets=None, enable_structured_outputs=False, hlo2tensorizer_options=None,
                     kv_segment_size_buckets=None, decode_context_length_buckets=None, lm_head_dp_size=1)
 
     def __init__(self, values: dict | None = None, **fields) -> None:
-        for key, value in {**self.DEFAULTS, **(values or {}), **fields}.items():
+        given = {**(values or {}), **fields}
+        sampling = given.pop("on_device_sampling_config", OnDeviceSamplingConfigStandIn())
+        for key, value in {**self.DEFAULTS, **given}.items():
             setattr(self, key, value)
+        self.on_device_sampling_config = (OnDeviceSamplingConfigStandIn(**sampling) if isinstance(sampling, dict)
+                                          else sampling)
 
 
 class GraphRecorder:
@@ -176,6 +202,7 @@ class EngineSettings:
     block_size: int | None = None
     num_gpu_blocks_override: int = 64
     async_scheduling: bool = False
+    max_logprobs: int = 20  # vLLM's ModelConfig default
     enable_prompt_embeds: bool = False
     uses_mrope: bool = False
     # vLLM's multimodal registry verdict for the model (``supports_multimodal_inputs``).
@@ -186,10 +213,42 @@ class EngineSettings:
     additional_config: dict = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass
+class Sampling:
+    """The ``SamplingParams`` fields the runner's sampling tensor carries (default: greedy)."""
+
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+
+SAMPLING_EPS = 1e-5  # vLLM: a temperature below it makes a request greedy
+
+
+def sampling_params_tensor(samplings: list[Sampling], rows: int, vocab_size: int) -> torch.Tensor:
+    """``build_sampling_params_tensor`` of vLLM's ``InputBatch`` metadata for ``samplings``, padded to ``rows``.
+
+    InputBatch keeps temperature 0 for a greedy request and top_k ``vocab_size`` for one without
+    top-k, and drops a column (None) when no request uses it; the runner fills a dropped column
+    with top_k -1, top_p 1, temperature 0 and pads with zero rows.
+    """
+    top_k = [s.top_k if 0 < s.top_k < vocab_size else vocab_size for s in samplings]
+    temperature = [0.0 if s.temperature < SAMPLING_EPS else s.temperature for s in samplings]
+    columns = [
+        [-1.0] * len(samplings) if all(k == vocab_size for k in top_k) else [float(k) for k in top_k],
+        [1.0] * len(samplings) if all(s.top_p >= 1 for s in samplings) else [s.top_p for s in samplings],
+        temperature if any(temperature) else [0.0] * len(samplings),
+    ]
+    params = torch.stack([torch.tensor(column, dtype=torch.float32) for column in columns], dim=1)
+    return torch.nn.functional.pad(params, (0, 0, 0, rows - len(samplings)), value=0) if rows > len(samplings) \
+        else params
+
+
 @dataclasses.dataclass(eq=False)
 class Request:
     prompt: list[int]
     max_new_tokens: int
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
     output: list[int] = dataclasses.field(default_factory=list)
     computed: int = 0  # tokens whose K/V and state are in the cache
     blocks: dict = dataclasses.field(default_factory=dict)  # group index -> block ids
@@ -232,13 +291,17 @@ class NeuronRunnerStandIn:
             raise ValueError(f"prefill_rows: expected 1 .. max_num_seqs = {settings.max_num_seqs}, got {prefill_rows}")
         self.prefill_rows = prefill_rows
         self.settings = settings
-        self.neuron_config = NeuronConfigStandIn(dict(settings.additional_config.get("neuron_config", {})))
+        neuron_config = dict(settings.additional_config.get("neuron_config", {}))
+        neuron_config.setdefault("max_logprobs", settings.max_logprobs)
+        self.neuron_config = NeuronConfigStandIn(neuron_config)
+        self.on_device_sampling = self.neuron_config.on_device_sampling_config is not None
+        self.outputs = []  # (what the forward returned, the rows' Sampling) per step after warm-up
         vision = settings.additional_config.get("vision_neuron_config")
         self.vision_neuron_config = None
         if vision is not None:
             self.vision_neuron_config = runner_vision.VisionNeuronConfigStandIn.from_dict(dict(vision))
             self.vision_neuron_config.resolve_tp_dp(1)
-        if settings.async_scheduling and self.neuron_config.on_device_sampling_config is None:
+        if settings.async_scheduling and not self.on_device_sampling:
             raise RuntimeError("On-device sampling must be enabled for async execution")
         if not self.neuron_config.num_batched_tokens_buckets or not self.neuron_config.num_seqs_buckets:
             raise ValueError("the harness needs num_batched_tokens_buckets and num_seqs_buckets in neuron_config")
@@ -351,6 +414,19 @@ class NeuronRunnerStandIn:
                                                   dtype=torch.bfloat16)
             kwargs["is_token_ids"] = torch.ones(input_ids.shape[0], dtype=torch.bool)
         return self.forward(**kwargs)
+
+    def _step(self, input_ids, positions, metadata, sampling_positions, requests: list, **call_keywords) -> list[int]:
+        """One step through ``_call`` (``call_keywords``: its ``rotary`` / vision keywords): the ids of the
+        first ``len(requests)`` rows (``requests`` in row order)."""
+        rows = sampling_positions.shape[0]
+        params = (sampling_params_tensor([r.sampling for r in requests], rows, self.model.config.vocab_size)
+                  if self.on_device_sampling else None)
+        output = self._call(input_ids, positions, metadata, sampling_positions, params, **call_keywords)
+        self.outputs.append((output, [r.sampling for r in requests]))
+        if self.on_device_sampling:
+            ids, _ = output
+            return ids[: len(requests)].tolist()
+        return output[: len(requests)].argmax(dim=-1).tolist()
 
     def _noop_logit_mask(self, rows: int):
         if not self.neuron_config.enable_structured_outputs:
@@ -489,12 +565,12 @@ class NeuronRunnerStandIn:
                                     torch.zeros(3, pad, dtype=torch.int64)], 1)
             if self.settings.multimodal:
                 vision = self._encode_and_gather(request, start, chunk, bucket)
-        logits = self._call(torch.tensor(ids, dtype=torch.int32), positions, metadata, torch.tensor(sampling),
-                            rotary=rotary, **vision)
+        tokens = self._step(torch.tensor(ids, dtype=torch.int32), positions, metadata, torch.tensor(sampling),
+                            [request for request, _ in ordered], rotary=rotary, **vision)
         results = {}
-        for row, (request, chunk) in enumerate(ordered):
+        for (request, chunk), token in zip(ordered, tokens):
             request.computed += chunk
-            results[id(request)] = int(logits[row].argmax()) if request.computed == len(request.tokens) else None
+            results[id(request)] = token if request.computed == len(request.tokens) else None
         return [results[id(request)] for request in requests]
 
     def _mrope(self, request: Request) -> tuple:
@@ -530,10 +606,10 @@ class NeuronRunnerStandIn:
         if self.settings.uses_mrope:
             rows = [self._mrope(r)[1] + r.computed for r in self.batch] + [0] * pad
             rotary = torch.tensor(rows, dtype=torch.int64)[None].expand(3, -1).contiguous()
-        logits = self._call(input_ids, positions, self._metadata(bucket, tokens, 1), sampling, rotary=rotary)
+        ids = self._step(input_ids, positions, self._metadata(bucket, tokens, 1), sampling, self.batch, rotary=rotary)
         for request in requests:
             request.computed += 1
-        return [int(logits[self.batch.index(r)].argmax()) for r in requests]
+        return [ids[self.batch.index(r)] for r in requests]
 
 
 def stand_ins_in_use() -> bool:
@@ -541,9 +617,11 @@ def stand_ins_in_use() -> bool:
     return STAND_INS
 
 
-def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals) -> tuple[list[list[int]], list[tuple]]:
+def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals,
+          samplings=None) -> tuple[list[list[int]], list[tuple]]:
     """Serve requests arriving over time the Neuron scheduler's way: prefill steps while a prompt is
     pending, else decode steps of every running request (batches of the largest decode bucket).
+    ``samplings``: one :class:`Sampling` per request (default: greedy).
 
     A prefill step takes the pending prompts in arrival order (the one with a chunk in progress
     first), each its next chunk up to what is left of the largest prefill bucket, up to
@@ -553,7 +631,8 @@ def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals) -> tup
         ``(ids per request, the step compositions)``: ``("prefill", ((chunk, context), ...))`` or
         ``("decode", rows)``.
     """
-    requests = [Request(list(p), n) for p, n in zip(prompts, max_new_tokens)]
+    samplings = samplings or [Sampling() for _ in prompts]
+    requests = [Request(list(p), n, s) for p, n, s in zip(prompts, max_new_tokens, samplings)]
     pending = sorted(range(len(requests)), key=lambda i: arrivals[i])
     prefilling, running, steps = [], [], []
     step = 0

@@ -35,7 +35,7 @@ def test_the_spec_classes_are_stand_ins_with_the_pinned_fields():
 def test_the_harness_neuron_config_uses_pinned_field_names_only():
     pinned = {"on_device_sampling_config", "quantization", "num_batched_tokens_buckets", "num_seqs_buckets",
               "enable_structured_outputs", "hlo2tensorizer_options", "kv_segment_size_buckets",
-              "decode_context_length_buckets", "lm_head_dp_size"}
+              "decode_context_length_buckets", "lm_head_dp_size", "max_logprobs", "debug_logits_dir"}
     assert set(NeuronConfigStandIn.DEFAULTS) <= pinned
     assert NeuronConfigStandIn({"num_seqs_buckets": [4], "extra": 1}).extra == 1  # from_dict keeps every key
 

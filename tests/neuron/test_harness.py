@@ -29,17 +29,19 @@ def _prompts(workload, vocab_size=512, seed=0):
     return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n, _, _ in workload]
 
 
-def settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine):
-    neuron_config = dict(on_device_sampling_config=None, num_batched_tokens_buckets=list(prefill_buckets),
+def settings_for(model_dir, dtype, prefill_buckets, decode_buckets, sampling_config=None, **engine):
+    """``sampling_config``: ``additional_config.neuron_config.on_device_sampling_config`` (None: host sampling)."""
+    neuron_config = dict(on_device_sampling_config=sampling_config, num_batched_tokens_buckets=list(prefill_buckets),
                          num_seqs_buckets=list(decode_buckets))
     return EngineSettings(model=model_dir, dtype=dtype, max_num_seqs=max(decode_buckets),
                           additional_config={"neuron_config": neuron_config}, **engine)
 
 
 def run_harness(model_dir, workload, dtype="float32", prefill_buckets=(32,), decode_buckets=(4,), vocab_size=512,
-                model_cls=Qwen3_5NeuronForCausalLM, backend=None, prefill_rows=1, **engine):
+                model_cls=Qwen3_5NeuronForCausalLM, backend=None, prefill_rows=1, samplings=None, **engine):
     """Start the runner stand-in (compile ``backend``: the runner's default when None; ``prefill_rows``
-    requests per prefill step), serve ``workload``; return the ids and what was measured."""
+    requests per prefill step), serve ``workload`` (``samplings``: one ``runner.Sampling`` per request,
+    default greedy); return the ids and what was measured."""
     runner = NeuronRunnerStandIn(model_cls, settings_for(model_dir, dtype, prefill_buckets, decode_buckets, **engine),
                                  backend=backend, prefill_rows=prefill_rows)
     runner.start()
@@ -48,7 +50,7 @@ def run_harness(model_dir, workload, dtype="float32", prefill_buckets=(32,), dec
     torch._dynamo.utils.counters.clear()
     prompts = _prompts(workload, vocab_size)
     with torch.compiler.set_stance("fail_on_recompile"):
-        ids, steps = serve(runner, prompts, [n for _, n, _ in workload], [a for _, _, a in workload])
+        ids, steps = serve(runner, prompts, [n for _, n, _ in workload], [a for _, _, a in workload], samplings)
     return dict(
         ids=ids, prompts=prompts, steps=steps, buckets=buckets, warm_graphs=warm_graphs, runner=runner,
         graphs=len(runner.recorder.dynamo_graphs), symbolic=symbolic_graphs(runner.recorder),

@@ -55,7 +55,8 @@ def make_runner(model_dir, dtype="float32", compile=False) -> NeuronRunnerStandI
     """The runner stand-in loaded and its caches bound (one 16-token prefill bucket, one 2-row decode bucket)."""
     settings = EngineSettings(model=model_dir, dtype=dtype, max_num_seqs=2, num_gpu_blocks_override=12,
                               additional_config={"neuron_config": dict(num_batched_tokens_buckets=[16],
-                                                                       num_seqs_buckets=[2])})
+                                                                       num_seqs_buckets=[2],
+                                                                       on_device_sampling_config=None)})
     runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=compile)
     runner.load_model()
     runner.initialize_kv_cache(runner.get_kv_cache_spec())

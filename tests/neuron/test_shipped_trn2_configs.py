@@ -1,7 +1,8 @@
 """Every shipped trn2 config holds the settings the Neuron shell and vllm-neuron's runner need.
 
-- async scheduling off (the runner refuses it without on-device sampling, which the shell
-  does not do), read through vLLM's own ``--config`` parser;
+- the shipped configs: async scheduling on with on-device sampling (the runner refuses async
+  scheduling without it); the device-test configs under ``tests/integration/trn2``: host
+  sampling, synchronous; read through vLLM's own ``--config`` parser too;
 - the shell's start-up checks pass on the config's ``neuron_config``, its
   ``vision_neuron_config`` with the config's ``limit-mm-per-prompt``;
 - the upstream dense recipe's ``hlo2tensorizer_options: ""`` in the dense configs only.
@@ -13,12 +14,12 @@ import types
 import pytest
 import yaml
 
-from vllm_gdn_neuron.neuron.checks import UNQUANTIZED, check_vision_neuron_config
+from vllm_gdn_neuron.neuron.checks import UNQUANTIZED, check_sampling_config, check_vision_neuron_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
-CONFIGS = MODEL_CONFIGS + [REPO / "configs" / "serve-trn2.yaml"] + sorted(
-    (REPO / "tests" / "integration" / "trn2").glob("*.yaml"))
+SHIPPED = MODEL_CONFIGS + [REPO / "configs" / "serve-trn2.yaml"]
+CONFIGS = SHIPPED + sorted((REPO / "tests" / "integration" / "trn2").glob("*.yaml"))
 
 
 def _settings(path):
@@ -30,10 +31,13 @@ def _is_moe(settings) -> bool:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_every_config_turns_async_scheduling_off_and_samples_on_the_host(path):
+def test_async_scheduling_is_on_exactly_where_sampling_is_on_the_device(path):
     settings = _settings(path)
-    assert settings["async-scheduling"] is False
-    assert settings["additional-config"]["neuron_config"]["on_device_sampling_config"] is None
+    sampling = settings["additional-config"]["neuron_config"]["on_device_sampling_config"]
+    assert settings["async-scheduling"] is (path in SHIPPED)
+    assert (sampling is not None) is (path in SHIPPED)
+    if sampling is not None:
+        check_sampling_config(types.SimpleNamespace(**sampling))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -58,12 +62,12 @@ def test_dense_configs_take_the_upstream_whole_graph_compile_and_moe_keeps_the_d
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_vllms_config_parser_reads_async_scheduling_off(path):
+def test_vllms_config_parser_reads_the_configs_scheduling(path):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--config", str(path)])
-    assert args.async_scheduling is False
+    assert args.async_scheduling is (path in SHIPPED)
     assert args.enable_prefix_caching is False
     # The empty option string reaches the runner as given (not dropped as an empty value).
     want = _settings(path)["additional-config"]["neuron_config"].get("hlo2tensorizer_options")

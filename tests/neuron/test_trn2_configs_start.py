@@ -78,8 +78,9 @@ def test_the_config_starts_under_the_runner_and_serves(path, tiny_model):
 
 
 def test_async_scheduling_without_on_device_sampling_stops_the_runner_at_init(tiny_model):
-    """The branch the shipped configs avoid with ``async-scheduling: false``."""
+    """The branch the shipped configs avoid by sampling on the device."""
     settings = scaled(yaml.safe_load(CONFIGS[0].read_text()))
-    settings["async-scheduling"] = True
+    assert settings["async-scheduling"] is True
+    settings["additional-config"]["neuron_config"]["on_device_sampling_config"] = None
     with pytest.raises(RuntimeError, match="On-device sampling must be enabled for async execution"):
         start(settings, tiny_checkpoint(settings, tiny_model))

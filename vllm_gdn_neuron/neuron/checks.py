@@ -77,12 +77,7 @@ def check_neuron_config(neuron_config, config, max_model_len: int | None, max_nu
     """
     if neuron_config is None:
         return
-    if getattr(neuron_config, "on_device_sampling_config", None) is not None:
-        raise ValueError(
-            "neuron_config.on_device_sampling_config must be None: this model returns the logits of "
-            "sampling_positions for vLLM's sampler (pass \"on_device_sampling_config\": null in "
-            "additional_config.neuron_config); got an on-device sampling config"
-        )
+    check_sampling_config(getattr(neuron_config, "on_device_sampling_config", None))
     quantization = getattr(neuron_config, "quantization", None)
     if quantization not in UNQUANTIZED:
         raise ValueError(
@@ -108,6 +103,31 @@ def check_neuron_config(neuron_config, config, max_model_len: int | None, max_nu
                    else "max_position_embeddings")
     _check_buckets("neuron_config.num_seqs_buckets", getattr(neuron_config, "num_seqs_buckets", None),
                    max_num_seqs, "max_num_seqs")
+
+
+def check_sampling_config(sampling_config) -> None:
+    """Refuse an ``on_device_sampling_config`` the shell's sampler (:mod:`.sampling`) cannot honour.
+
+    None (host sampling) is accepted, and so is any config with ``max_top_k`` an integer
+    ``>= 1`` (a window wider than the vocabulary is the vocabulary), ``sampling_dp_degree`` 1
+    and ``capture_topk`` off; ``all_greedy`` and ``deterministic`` are honoured.
+
+    Raises:
+        ValueError: naming the ``on_device_sampling_config`` field, its value and what to set.
+    """
+    if sampling_config is None:
+        return
+    name = "neuron_config.on_device_sampling_config"
+    max_top_k = getattr(sampling_config, "max_top_k", None)
+    if not isinstance(max_top_k, int) or isinstance(max_top_k, bool) or max_top_k < 1:
+        raise ValueError(f"{name}.max_top_k must be an integer >= 1 (the sampler's candidate window); "
+                         f"got {max_top_k!r}")
+    degree = getattr(sampling_config, "sampling_dp_degree", 1)
+    if degree != 1:
+        raise ValueError(f"{name}.sampling_dp_degree must be 1 (every rank samples the all-gathered logits); "
+                         f"got {degree!r}: remove sampling_dp_degree")
+    if getattr(sampling_config, "capture_topk", False):
+        raise ValueError(f"{name}.capture_topk must be false (the shell's sampler captures no tensors); got True")
 
 
 def _check_buckets(name: str, buckets, limit: int | None, limit_name: str) -> None:

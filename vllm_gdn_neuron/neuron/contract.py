@@ -16,12 +16,15 @@ binds ``[k, v]`` per attention layer and refuses any other spec). Read at the pi
 - ``vllm_neuron/model/kv_cache.py``: ``KVSpec.recurrent_layers`` of
   ``RecurrentLayerSpec(name, shapes, dtypes)``;
 - ``vllm_neuron/model/neuron_config.py``: ``num_batched_tokens_buckets``,
-  ``num_seqs_buckets``, ``on_device_sampling_config``;
+  ``num_seqs_buckets``, ``on_device_sampling_config`` (an ``OnDeviceSamplingConfig``; on
+  by default, off when given as null), ``max_logprobs``;
 - prefill steps (``_prepare_model_input_impl``, ``_build_prefill_synthetic_inputs``): one
   block-table row per request, no ``query_start_loc``; the scheduler of that release line
   (``max_prefills_per_batch = 1``) sends one prompt, or one chunk of one, per prefill step,
   and prefill warm-up traces one request. The shell also serves packed prefill steps
   described by the same fields (:mod:`.packing`).
+- on-device sampling (``build_sampling_params_tensor``, ``_execute_model_forward``,
+  ``_sample``): :mod:`.sampling`.
 
 Page conventions (the recurrent slot of a request is ``block_table_tensor[:, 0]``, a live
 token has ``slot_mapping > 0``) as in upstream's Qwen3.5 port model files

@@ -9,12 +9,15 @@ The runner's contract (pinned in :mod:`.contract`):
 4. ``model.get_kv_spec()`` -> the runner allocates -> ``model.bind_kv_cache({name: [pages]})``,
    one page-major tensor per layer (``kv_cache_page_major``);
 5. ``model(input_ids, positions, attn_metadata, sampling_positions, ...)`` -> the logits of
-   ``sampling_positions`` ``[num_reqs, vocab]`` (vLLM samples on the host).
+   ``sampling_positions`` ``[num_reqs, vocab]`` (vLLM samples on the host), or, with
+   ``neuron_config.on_device_sampling_config`` set, ``(token_ids [num_reqs] int32, logits or
+   None)`` sampled in the graph from ``sampling_params`` (:mod:`.sampling`).
 
 ```
 x = embed(ids)
 for layer:  h, r = norm_in(x, r); h = mixer(h); h, r = norm_post(h, r); x = ffn(h)
 logits = lm_head(norm(x, r)[sampling_positions])
+ids = sample(logits, sampling_params)            # on-device sampling only
 ```
 
 GDN call points (where the NKI kernels plug in): :meth:`NeuronGatedDeltaNet.forward`
@@ -37,6 +40,7 @@ from vllm_gdn_neuron.neuron.kv_spec import KVSpec
 from vllm_gdn_neuron.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
 from vllm_gdn_neuron.neuron.mrope import mrope_input_positions
 from vllm_gdn_neuron.neuron.parallel import current_tp_group
+from vllm_gdn_neuron.neuron.sampling import OnDeviceSampler
 from vllm_gdn_neuron.neuron.static_graphs import require_static_graphs
 from vllm_gdn_neuron.neuron.weights import load_checkpoint
 from vllm_gdn_neuron.neuron.vision import check_vision_inputs, merge_vision_embeddings
@@ -70,10 +74,11 @@ def current_vllm_config():
 def engine_limits(vllm_config) -> dict:
     """The engine settings the start-up checks bound the model by (None where unknown).
 
-    Keys: ``max_model_len``, ``max_num_seqs``, ``dtype``, and ``image_limit`` /
-    ``video_limit`` (``limit-mm-per-prompt``; 0 when the model takes no multimodal input).
+    Keys: ``max_model_len``, ``max_num_seqs``, ``dtype``, ``image_limit`` /
+    ``video_limit`` (``limit-mm-per-prompt``; 0 when the model takes no multimodal input)
+    and ``seed`` (``--seed``, the on-device sampler's key).
     """
-    limits = dict(max_model_len=None, max_num_seqs=None, dtype=None, image_limit=None, video_limit=None)
+    limits = dict(max_model_len=None, max_num_seqs=None, dtype=None, image_limit=None, video_limit=None, seed=None)
     if vllm_config is None:
         return limits
     limits["max_num_seqs"] = vllm_config.scheduler_config.max_num_seqs
@@ -82,6 +87,7 @@ def engine_limits(vllm_config) -> dict:
         return limits
     multimodal = getattr(model_config, "multimodal_config", None)
     limits.update(
+        seed=getattr(model_config, "seed", None),
         max_model_len=model_config.max_model_len,
         dtype=model_config.dtype,
         image_limit=multimodal.get_limit_per_prompt("image") if multimodal is not None else 0,
@@ -180,6 +186,12 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         self.model = NeuronTextModel(config, self.tp_group, self.dtype)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size // self.vocab_shards, bias=False,
                                  dtype=self.dtype)
+        sampling_config = getattr(neuron_config, "on_device_sampling_config", None)
+        self.sampler = None if sampling_config is None else OnDeviceSampler(sampling_config, limits["seed"] or 0)
+        # With on-device sampling the runner reads logits back only for logprobs (max_logprobs != 0)
+        # or its debug logits dump; otherwise only the ids leave the device.
+        self.returns_logits = self.sampler is not None and bool(
+            getattr(neuron_config, "max_logprobs", 0) != 0 or getattr(neuron_config, "debug_logits_dir", None))
 
     # --- construction and weights (runner steps 1 and 2) ---------------------------------
 
@@ -236,6 +248,8 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
                                   for layer in self.model.layers})
         for layer in self.model.layers:
             layer.mixer.bind(bound[layer.mixer.layer_name])
+        if self.sampler is not None:
+            self.sampler.bind(self.lm_head.weight.device)
         require_static_graphs()
 
     @classmethod
@@ -286,7 +300,9 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             attn_metadata: per-layer dicts (``block_table_tensor``, ``slot_mapping`` with
                 padding ``<= 0``, ``max_query_len``, ``decode_token_threshold``).
             sampling_positions: ``[R]`` int64, the token whose logits each row returns.
-            sampling_params, rank: accepted, not used (vLLM samples on the host).
+            sampling_params: with on-device sampling, ``[R, 3]`` float32 ``[top_k, top_p,
+                temperature]`` rows (:mod:`.sampling`); unused (the runner passes None) without.
+            rank: accepted, not used (every rank samples the all-gathered logits).
             spec_decode_metadata: must be None (no speculative decoding).
             logit_mask: ``[R, V]`` bool, True where a token is allowed, or None. The runner
                 passes an all-True mask when ``neuron_config.enable_structured_outputs`` is
@@ -309,10 +325,14 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
                 image tokens' (:mod:`.vision`); None otherwise.
 
         Returns:
-            ``[R, V]`` logits in the model dtype.
+            ``[R, V]`` logits in the model dtype; with on-device sampling ``(ids, logits)``:
+            ``[R]`` int32 token ids and the logits when the runner may read them for logprobs
+            (``neuron_config.max_logprobs != 0``), else None.
         """
         if spec_decode_metadata is not None:
             raise ValueError("spec_decode_metadata must be None: this model does not verify draft tokens")
+        if self.sampler is not None:
+            self.sampler.check(sampling_params, sampling_positions.shape[0])
         layers = self.model.layers
         first = attn_metadata[layers[0].mixer.layer_name]
         is_decode = first["max_query_len"] <= first["decode_token_threshold"]
@@ -329,7 +349,10 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         logits = self.lm_head(hidden.index_select(0, sampling_positions.to(torch.int64)))
         if self.vocab_shards > 1:
             logits = self.tp_group.all_gather(logits, dim=-1)
-        return logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
+        logits = logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
+        if self.sampler is None:
+            return logits
+        return self.sampler(logits, sampling_params), (logits if self.returns_logits else None)
 
     def _input_embeddings(self, input_ids, inputs_embeds, is_token_ids) -> torch.Tensor:
         """``[T, H]``: the embedding of each id, or the prompt embedding where ``is_token_ids`` is False."""
