@@ -92,9 +92,11 @@ DECODE_STEPS = 3
 
 
 def _eager_runner(model_dir, prefill_rows):
+    """An uncompiled stand-in that keeps every step's logits (host sampling: the forward returns them)."""
     settings = EngineSettings(model=model_dir, dtype="float32", max_num_seqs=4, num_gpu_blocks_override=24,
                               additional_config={"neuron_config": dict(num_batched_tokens_buckets=[16, 32],
-                                                                       num_seqs_buckets=[4])})
+                                                                       num_seqs_buckets=[4],
+                                                                       on_device_sampling_config=None)})
     runner = NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=False, prefill_rows=prefill_rows)
     runner.load_model()
     runner.initialize_kv_cache(runner.get_kv_cache_spec())
