@@ -167,3 +167,42 @@ def test_a_given_cache_larger_than_the_node_is_refused(tmp_path, checkpoint, mon
 def test_vllm_byte_counts_parse_as_vllm_parses_them():
     assert [cli.byte_count(v) for v in ("1073741824", "8G", "25.6k", "2M", "lots")] == [
         2**30, 8 * 2**30, 25_600, 2 * 2**20, None]
+
+
+@pytest.fixture(scope="module")
+def vl_checkpoint(tmp_path_factory, checkpoint):
+    """The same text model as a vision-language checkpoint with Qwen3.5's published tower dims."""
+    import json
+
+    from vllm_gdn_neuron.checkpoint import load_checkpoint
+
+    folder = tmp_path_factory.mktemp("cpu-memory-vl") / "qwen3_5-2b-vl"
+    folder.mkdir()
+    text = {k: v for k, v in vars(checkpoint.text).items() if k != "architectures"}
+    vision = dict(depth=27, hidden_size=1152, intermediate_size=4304, out_hidden_size=2048)  # the rest: defaults
+    config = dict(architectures=["Qwen3_5ForConditionalGeneration"], text_config=text, vision_config=vision)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"")
+    return load_checkpoint(str(folder))
+
+
+@pytest.mark.parametrize("given, counted", [
+    ({}, True),
+    ({"language-model-only": None}, False),
+    ({"limit-mm-per-prompt": '{"image": 0, "video": 0}'}, False),
+    ({"limit-mm-per-prompt": "{'image': 0, 'video': 0}"}, False),  # a YAML mapping, read back as text
+    ({"limit-mm-per-prompt": '{"image": 0}'}, True),  # video keeps vLLM's limit
+    ({"limit-mm-per-prompt": '{"image": {"count": 0}, "video": 0}'}, False),
+    ({"limit-mm-per-prompt": "{not json"}, True),
+])
+def test_the_vision_tower_counts_where_vllm_builds_it(tmp_path, checkpoint, vl_checkpoint, given, counted):
+    import torch
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionConfig, Qwen3_5VisionModel
+
+    with torch.device("meta"):  # transformers' own tower: the parameter count, independently
+        tower = sum(p.numel() for p in Qwen3_5VisionModel(Qwen3_5VisionConfig(**vl_checkpoint.vision)).parameters())
+    tower *= 2  # bf16
+    root = fake_machine(tmp_path, {0: FakeNode(tuple(range(8)), total=64, free=60)})
+    text_only = _derive(checkpoint, root, dict(given)).weights
+    assert 851 * 2**20 < tower < 853 * 2**20  # 446.6 M parameters: the README's 852 MiB for the 2B
+    assert _derive(vl_checkpoint, root, dict(given)).weights == text_only + (tower if counted else 0)

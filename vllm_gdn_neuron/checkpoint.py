@@ -19,7 +19,8 @@ import pathlib
 import types
 
 from vllm_gdn_neuron.plugin import ARCHITECTURES
-from vllm_gdn_neuron.layers.dims import ModelDims, check_layer_types, config_layer_types, count_weights
+from vllm_gdn_neuron.layers.dims import (ModelDims, check_layer_types, config_layer_types, count_vision_weights,
+                                         count_weights)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The recurrent state is float32 in vLLM's CPU cache (its CPU platform forces it).
@@ -41,6 +42,8 @@ class Checkpoint:
             checkpoint, else the top level) as attributes.
         dtype: the weights' dtype name (``"bfloat16"`` when the config names none).
         name: the name to serve it under: the folder's name, or the repo id.
+        vision: the vision tower's config fields (``vision_config``) of a vision-language
+            checkpoint, else None.
     """
 
     source: str
@@ -48,6 +51,7 @@ class Checkpoint:
     text: types.SimpleNamespace
     dtype: str
     name: str
+    vision: dict | None = None
 
 
 def load_checkpoint(model: str) -> Checkpoint:
@@ -81,7 +85,8 @@ def load_checkpoint(model: str) -> Checkpoint:
     fields = config.get("text_config") or config
     text = types.SimpleNamespace(**{**_TEXT_DEFAULTS, **fields})
     dtype = str(fields.get("dtype") or fields.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name)
+    checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name,
+                            vision=config.get("vision_config") if "text_config" in config else None)
     try:
         check_servable(checkpoint, config.get("quantization_config"))
     except ValueError as error:
@@ -93,6 +98,13 @@ def load_checkpoint(model: str) -> Checkpoint:
 _TEXT_DEFAULTS = dict(
     hidden_act="silu", linear_conv_kernel_dim=4, tie_word_embeddings=False, attention_bias=False,
     decoder_sparse_step=1, mlp_only_layers=[], num_experts=0, full_attention_interval=4,
+)
+
+
+# Vision-config fields a checkpoint may leave to transformers' ``Qwen3_5VisionConfig`` defaults.
+_VISION_DEFAULTS = dict(
+    hidden_size=1152, intermediate_size=4304, out_hidden_size=3584, in_channels=3, temporal_patch_size=2,
+    patch_size=16, num_position_embeddings=2304, spatial_merge_size=2, depth=27,
 )
 
 
@@ -179,6 +191,14 @@ def parameter_count(text) -> int:
 def weight_bytes(text, dtype: str) -> int:
     """Bytes of the served text model's weights in ``dtype``."""
     return parameter_count(text) * DTYPE_BYTES[dtype]
+
+
+def vision_weight_bytes(checkpoint: Checkpoint, dtype: str) -> int:
+    """Bytes of the vision tower's weights in ``dtype`` (0 for a text-only checkpoint):
+    ``layers.dims.count_vision_weights`` of its ``vision_config``."""
+    if checkpoint.vision is None:
+        return 0
+    return count_vision_weights({**_VISION_DEFAULTS, **checkpoint.vision}) * DTYPE_BYTES[dtype]
 
 
 def kv_bytes_per_token(text, dtype: str) -> int:

