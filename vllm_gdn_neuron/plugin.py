@@ -20,7 +20,7 @@ Which classes it registers depends on the platform, and only on the platform:
 - on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.neuron.model`)
   under names no other package ships (``NEURON_ARCHITECTURES``), chosen per model with
   ``--hf-overrides '{"architectures": ["VllmGdnNeuronQwen3_5ForCausalLM"]}'`` (the
-  ``...ForConditionalGeneration`` names resolve to :mod:`vllm_gdn_neuron.neuron.multimodal`,
+  ``...ForConditionalGeneration`` names resolve to :mod:`vllm_gdn_neuron.neuron_multimodal`,
   which vLLM sees as multimodal, so images reach the shell's tower). vllm-neuron
   re-registers its own model list in its workers after the general plugins ran; a
   name only this plugin registers cannot be replaced, so which class serves a model
@@ -49,7 +49,7 @@ MTP_ARCHITECTURES = ("Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP")
 _NEURON_MODULE = "vllm_gdn_neuron.neuron.model"
 _NEURON_CLASS = "Qwen3_5NeuronForCausalLM"
 # The vision-language names: the same shell, seen by vLLM as multimodal (images on trn2).
-_NEURON_MULTIMODAL_TARGET = "vllm_gdn_neuron.neuron.multimodal:Qwen3_5NeuronMultiModal"
+_NEURON_MULTIMODAL_TARGET = "vllm_gdn_neuron.neuron_multimodal:Qwen3_5NeuronMultiModal"
 # The name a user selects -> the checkpoint architecture whose vLLM config hook it keeps.
 NEURON_ARCHITECTURES = {f"VllmGdnNeuron{arch}": arch for arch in ARCHITECTURES}
 

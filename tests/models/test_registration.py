@@ -177,7 +177,7 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
     for name, checkpoint_arch in plugin.NEURON_ARCHITECTURES.items():
         assert name.startswith("VllmGdnNeuron") and name.endswith(checkpoint_arch)
         multimodal = checkpoint_arch.endswith("ForConditionalGeneration")
-        assert ModelRegistry.models[name].module_name == ("vllm_gdn_neuron.neuron.multimodal" if multimodal
+        assert ModelRegistry.models[name].module_name == ("vllm_gdn_neuron.neuron_multimodal" if multimodal
                                                           else "vllm_gdn_neuron.neuron.model")
         assert ModelRegistry.models[name].class_name == ("Qwen3_5NeuronMultiModal" if multimodal
                                                          else "Qwen3_5NeuronForCausalLM")
@@ -194,7 +194,7 @@ def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
     for arch in ARCHITECTURES:
         ModelRegistry.register_model(arch, "vllm_gdn_neuron.models.qwen3_5:Qwen3_5ForCausalLM")
     for name in plugin.NEURON_ARCHITECTURES:
-        assert ModelRegistry.models[name].module_name.startswith("vllm_gdn_neuron.neuron.")
+        assert ModelRegistry.models[name].module_name.startswith("vllm_gdn_neuron.neuron")
     assert not set(plugin.NEURON_ARCHITECTURES) & set(ARCHITECTURES)
 
 
@@ -217,7 +217,7 @@ def test_the_neuron_vision_language_entry_is_multimodal_to_vllm():
 
     from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForConditionalGeneration
     from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-    from vllm_gdn_neuron.neuron.multimodal import Qwen3_5NeuronMultiModal
+    from vllm_gdn_neuron.neuron_multimodal import Qwen3_5NeuronMultiModal
 
     assert supports_multimodal(Qwen3_5NeuronMultiModal) and not supports_multimodal(Qwen3_5NeuronForCausalLM)
     ours, cpu = Qwen3_5NeuronMultiModal.__dict__["_processor_factory"], Qwen3_5ForConditionalGeneration._processor_factory

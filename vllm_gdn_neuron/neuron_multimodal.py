@@ -8,11 +8,14 @@ registered, and the engine must take some modality (``limit-mm-per-prompt``). Th
 is that class for ``VllmGdnNeuronQwen3_5ForConditionalGeneration`` and
 ``VllmGdnNeuronQwen3_5MoeForConditionalGeneration`` (:mod:`vllm_gdn_neuron.plugin`): the same
 processor as the CPU shell (:mod:`vllm_gdn_neuron.models.vision_processing`, no torchvision),
-and :meth:`Qwen3_5NeuronForCausalLM.from_configs`, which builds the decoder with its tower
-(:class:`.model.Qwen3_5NeuronForConditionalGeneration`) where images are served and the text
+and :meth:`~vllm_gdn_neuron.neuron.model.Qwen3_5NeuronForCausalLM.from_configs`, which builds the decoder with its tower
+(:class:`vllm_gdn_neuron.neuron.model.Qwen3_5NeuronForConditionalGeneration`) where images are served and the text
 decoder alone where ``limit-mm-per-prompt`` is image 0, video 0.
 
-This module imports vLLM (the registry's decorator), which ``.model`` does not.
+It sits beside :mod:`vllm_gdn_neuron.plugin`, outside both shells, because it joins them: the
+Neuron shell's class and the CPU shell's vLLM processor (the shells do not import each
+other). It imports vLLM (the registry's decorator), which :mod:`vllm_gdn_neuron.neuron.model`
+does not.
 """
 
 from vllm.model_executor.models.interfaces import SupportsMultiModal
