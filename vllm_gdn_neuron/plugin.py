@@ -19,7 +19,9 @@ Which classes it registers depends on the platform, and only on the platform:
   vLLM's classes cannot serve);
 - on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.neuron.model`)
   under names no other package ships (``NEURON_ARCHITECTURES``), chosen per model with
-  ``--hf-overrides '{"architectures": ["VllmGdnNeuronQwen3_5ForCausalLM"]}'``. vllm-neuron
+  ``--hf-overrides '{"architectures": ["VllmGdnNeuronQwen3_5ForCausalLM"]}'`` (the
+  ``...ForConditionalGeneration`` names resolve to :mod:`vllm_gdn_neuron.neuron_multimodal`,
+  which vLLM sees as multimodal, so images reach the shell's tower). vllm-neuron
   re-registers its own model list in its workers after the general plugins ran; a
   name only this plugin registers cannot be replaced, so which class serves a model
   does not depend on load order. The checkpoints' own names are left to vllm-neuron.
@@ -46,6 +48,8 @@ MTP_ARCHITECTURES = ("Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP")
 
 _NEURON_MODULE = "vllm_gdn_neuron.neuron.model"
 _NEURON_CLASS = "Qwen3_5NeuronForCausalLM"
+# The vision-language names: the same shell, seen by vLLM as multimodal (images on trn2).
+_NEURON_MULTIMODAL_TARGET = "vllm_gdn_neuron.neuron_multimodal:Qwen3_5NeuronMultiModal"
 # The name a user selects -> the checkpoint architecture whose vLLM config hook it keeps.
 NEURON_ARCHITECTURES = {f"VllmGdnNeuron{arch}": arch for arch in ARCHITECTURES}
 
@@ -74,7 +78,8 @@ def register() -> None:
 
     platform = platform_kind()
     if platform == "neuron":
-        names = {name: (f"{_NEURON_MODULE}:{_NEURON_CLASS}", arch) for name, arch in NEURON_ARCHITECTURES.items()}
+        names = {name: (_NEURON_MULTIMODAL_TARGET if arch.endswith("ForConditionalGeneration")
+                        else f"{_NEURON_MODULE}:{_NEURON_CLASS}", arch) for name, arch in NEURON_ARCHITECTURES.items()}
     elif platform == "cpu" or os.environ.get(ANY_PLATFORM_ENV) == "1":
         names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
         names.update({arch: (f"{_MTP_MODULE}:{arch}", None) for arch in MTP_ARCHITECTURES})

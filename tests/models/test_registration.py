@@ -176,8 +176,11 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
     plugin = _fresh_registration(monkeypatch, "neuron")
     for name, checkpoint_arch in plugin.NEURON_ARCHITECTURES.items():
         assert name.startswith("VllmGdnNeuron") and name.endswith(checkpoint_arch)
-        assert ModelRegistry.models[name].module_name == "vllm_gdn_neuron.neuron.model"
-        assert ModelRegistry.models[name].class_name == "Qwen3_5NeuronForCausalLM"
+        multimodal = checkpoint_arch.endswith("ForConditionalGeneration")
+        assert ModelRegistry.models[name].module_name == ("vllm_gdn_neuron.neuron_multimodal" if multimodal
+                                                          else "vllm_gdn_neuron.neuron.model")
+        assert ModelRegistry.models[name].class_name == ("Qwen3_5NeuronMultiModal" if multimodal
+                                                         else "Qwen3_5NeuronForCausalLM")
         assert MODELS_CONFIG_MAP[name].is_vllm_gdn_neuron_hook
     # the checkpoints' own names are left to whoever else registers them (vllm-neuron)
     assert {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES} == before
@@ -191,7 +194,7 @@ def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
     for arch in ARCHITECTURES:
         ModelRegistry.register_model(arch, "vllm_gdn_neuron.models.qwen3_5:Qwen3_5ForCausalLM")
     for name in plugin.NEURON_ARCHITECTURES:
-        assert ModelRegistry.models[name].module_name == "vllm_gdn_neuron.neuron.model"
+        assert ModelRegistry.models[name].module_name.startswith("vllm_gdn_neuron.neuron")
     assert not set(plugin.NEURON_ARCHITECTURES) & set(ARCHITECTURES)
 
 
@@ -205,3 +208,18 @@ def test_disable_switch_registers_nothing_on_neuron_either(monkeypatch):
     names = set(ModelRegistry.models)
     plugin.register()
     assert set(ModelRegistry.models) == names and not plugin._registered
+
+
+def test_the_neuron_vision_language_entry_is_multimodal_to_vllm():
+    """vllm-neuron's runner takes its encoder-cache path only where vLLM's multimodal registry says the
+    resolved class takes multimodal inputs: ``SupportsMultiModal`` with a processor registered."""
+    from vllm.model_executor.models.interfaces import supports_multimodal
+
+    from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+    from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+    from vllm_gdn_neuron.neuron_multimodal import Qwen3_5NeuronMultiModal
+
+    assert supports_multimodal(Qwen3_5NeuronMultiModal) and not supports_multimodal(Qwen3_5NeuronForCausalLM)
+    ours, cpu = Qwen3_5NeuronMultiModal.__dict__["_processor_factory"], Qwen3_5ForConditionalGeneration._processor_factory
+    assert (ours.processor, ours.info, ours.dummy_inputs) == (cpu.processor, cpu.info, cpu.dummy_inputs)
+    assert Qwen3_5NeuronMultiModal.get_placeholder_str("image", 0) == "<|vision_start|><|image_pad|><|vision_end|>"

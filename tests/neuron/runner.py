@@ -38,9 +38,10 @@ https://github.com/vllm-project/vllm-neuron/pull/54), ``vllm_neuron/vllm/worker/
   multiple of ``128 // block_size``. After warm-up the worker runs under
   ``torch.compiler.set_stance("fail_on_recompile")`` (stated in the runner; the worker file
   itself was not in the stored snapshot).
-- multimodal engines (:mod:`runner_vision`): the encoder cache, the vision keywords of
-  prefill steps and warm-up, and the M-RoPE positions from the model's
-  ``get_mrope_input_positions``.
+- multimodal engines (:mod:`runner_vision`): the encoder cache, ``model.visual`` compiled
+  beside the model and warmed up per vision bucket, the step's images encoded by the model's
+  ``embed_multimodal``, the vision keywords of prefill steps and warm-up, and the M-RoPE
+  positions from the model's ``get_mrope_input_positions``.
 
 Prefill steps, read at the same pin: ``_prepare_model_input_impl`` takes the scheduler's
 ``num_scheduled_tokens`` and ``num_scheduled_tokens_padded`` per request and lays the
@@ -283,10 +284,12 @@ class NeuronRunnerStandIn:
         compile: compile (the runner always does); False runs eagerly, for debugging.
         prefill_rows: requests one prefill step holds (its block-table rows): 1 as the pinned
             runner schedules; more packs prompts into one bucket (at most ``max_num_seqs``).
+        vision_backend: the backend of ``model.visual`` (default: ``backend``, as the runner
+            compiles both with one).
     """
 
     def __init__(self, model_cls, settings: EngineSettings, *, backend=None, compile: bool = True,
-                 prefill_rows: int = 1) -> None:
+                 prefill_rows: int = 1, vision_backend=None) -> None:
         if not 1 <= prefill_rows <= settings.max_num_seqs:
             raise ValueError(f"prefill_rows: expected 1 .. max_num_seqs = {settings.max_num_seqs}, got {prefill_rows}")
         self.prefill_rows = prefill_rows
@@ -309,6 +312,7 @@ class NeuronRunnerStandIn:
         self.decode_buckets = sorted(self.neuron_config.num_seqs_buckets)
         self.model_cls = model_cls
         self.recorder = backend if backend is not None else GraphRecorder()
+        self.vision_recorder = vision_backend if vision_backend is not None else self.recorder
         self.compile = compile
         self.rank_tensor = torch.tensor(0, dtype=torch.int32)
 
@@ -336,6 +340,9 @@ class NeuronRunnerStandIn:
         torch._dynamo.config.cache_size_limit = 2**62
         self.forward = (torch.compile(self.model, backend=self.recorder, fullgraph=True, options=COMPILE_OPTIONS)
                         if self.compile else self.model)
+        if self.compile and hasattr(self.model, "visual"):  # the vision tower: graphs of its own
+            self.model.visual = torch.compile(self.model.visual, backend=self.vision_recorder, fullgraph=True,
+                                              options=COMPILE_OPTIONS)
         if self.settings.multimodal:
             self.encoder_cache, self.max_vision_blocks = runner_vision.build_encoder_cache(
                 self.vision_neuron_config, hf_config, self.prefill_buckets[-1])
@@ -397,6 +404,8 @@ class NeuronRunnerStandIn:
             positions = torch.full((bucket,), WARMUP_CONTEXT_LEN - 1, dtype=torch.int64)
             self._call(torch.ones(bucket, dtype=torch.int32), positions, self._warmup_metadata(bucket, bucket, 1),
                        torch.arange(bucket), torch.tensor([[0, 1.0, 1.0]] * bucket))
+        if self.settings.multimodal and hasattr(self.model, "build_vision_synthetic_inputs"):
+            runner_vision.warm_up_vision_tower(self.model, self.vision_neuron_config, self.encoder_cache)
 
     def _call(self, input_ids, positions, metadata, sampling_positions, sampling_params=None, rotary=None,
               **vision):
@@ -580,14 +589,12 @@ class NeuronRunnerStandIn:
         return request.mrope
 
     def _encode_and_gather(self, request: Request, start: int, chunk: int, bucket: int) -> dict:
-        """``_execute_mm_encoder`` (the chunk's uncached images written into the encoder cache; their
-        encoder outputs come with the request, as the runner's ``encoder_cache.put`` path takes
-        precomputed embeddings), then ``_gather_mm_embeddings`` for the chunk."""
-        for feature in request.mm_features:
-            offset, length = feature.mm_position.offset, feature.mm_position.length
-            if offset < start + chunk and offset + length > start and not self.encoder_cache.contains(
-                    feature.identifier):
-                self.encoder_cache.put(feature.identifier, feature.embedding)
+        """``_execute_mm_encoder`` (the chunk's uncached images encoded into the encoder cache by the
+        model's ``embed_multimodal``), then ``_gather_mm_embeddings`` for the chunk."""
+        uncached = [f for f in request.mm_features
+                    if f.mm_position.offset < start + chunk and f.mm_position.offset + f.mm_position.length > start
+                    and not self.encoder_cache.contains(f.identifier)]
+        runner_vision.encode_into_cache(self.model, self.encoder_cache, uncached)
         return runner_vision.gather_vision_inputs(self.encoder_cache, self.max_vision_blocks, request.mm_features,
                                                   start, chunk, bucket)
 

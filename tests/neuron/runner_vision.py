@@ -26,12 +26,23 @@ Read (facts only, no code copied) at whn09/vllm-neuron @
   looked up in by ``hf_config.architectures[0]`` (``vllm_neuron/utils/vision_utils.py``,
   read in jinhuang12/vllm-neuron @ ``ed3580d0``: a name outside that list gets factor 1).
 
-Not readable at the pin: ``vllm_neuron/vllm/worker/encoder_cache_blocks.py``
-(``EncoderCacheBlocks``: the stand-in below has the members the runner and the Qwen3-VL
-model call, with a dense block layout and the scratch block last, which is a guess) and
-the worker's vision warm-up.
+Not in the pin's stored snapshot, read in later revisions of the same line (facts only):
+``vllm_neuron/vllm/worker/encoder_cache_blocks.py`` (``EncoderCacheBlocks``; found by content in
+the search index, which names no repository for it): ``buffer [num_blocks, block_size, fat_dim]``,
+the last block the scratch block (never allocated), a free queue of the others,
+``allocate(mm_hash, tokens_per_block)`` (one block per entry; an allocated hash returns its
+blocks; ``RuntimeError`` when full), ``dense_tokens_per_block(n, block_size)`` (``[block_size,
+..., remainder]``), ``mark_written`` after ``embed_multimodal``, ``put`` (allocate densely, write,
+zero each block's tail) for precomputed embeddings, ``free`` (held for
+``min_hold_time_ms`` after the write; the stand-in frees at once). The worker's vision warm-up
+(jinhuang12/vllm-neuron @ ``03bd80a2`` ``neuron_worker.py`` ``_warmup_vision_encoder``): after the
+text warm-up, per bucket ascending, ``model.visual(**model.build_vision_synthetic_inputs(bucket,
+vision_neuron_config, device), encoder_cache_buffer=encoder_cache.buffer,
+write_block_ids=zeros(NB))`` with ``NB = ceil(bucket / vision_attention_block_size)`` rounded
+up to a multiple of ``dp_size``.
 """
 
+import collections
 import dataclasses
 import math
 import types
@@ -78,32 +89,50 @@ def merge_factor_of(hf_config) -> int:
 
 
 class EncoderCacheStandIn:
-    """The on-device encoder cache: ``buffer [num_blocks, block_size, fat_dim]`` bfloat16.
-
-    An item occupies whole blocks, filled densely (every block full but the last); the
-    last block is the scratch block, never allocated.
-    """
+    """``EncoderCacheBlocks``: the on-device encoder cache, ``buffer [num_blocks, block_size, fat_dim]``
+    bfloat16, the last block the scratch block, one item per block run (see the module docstring)."""
 
     def __init__(self, num_blocks: int, block_size: int, fat_dim: int) -> None:
-        self.block_size, self.fat_dim, self.dtype = block_size, fat_dim, ENCODER_CACHE_DTYPE
+        self.num_blocks, self.block_size, self.fat_dim, self.dtype = num_blocks, block_size, fat_dim, ENCODER_CACHE_DTYPE
         self.buffer = torch.zeros(num_blocks, block_size, fat_dim, dtype=self.dtype)
         self.scratch_block_id = num_blocks - 1
-        self.free_blocks = list(range(num_blocks - 1))
+        self.free_queue = collections.deque(range(num_blocks - 1))
         self.items: dict[str, tuple[list[int], list[int]]] = {}
+        self.written: set[str] = set()
+
+    @staticmethod
+    def dense_tokens_per_block(num_tokens: int, block_size: int) -> list[int]:
+        return [min(block_size, num_tokens - start) for start in range(0, num_tokens, block_size)]
 
     def contains(self, mm_hash: str) -> bool:
         return mm_hash in self.items
 
+    def allocate(self, mm_hash: str, tokens_per_block: list[int]) -> list[int]:
+        """Reserve one block per entry of ``tokens_per_block`` (nothing written)."""
+        if mm_hash in self.items:
+            return self.items[mm_hash][0]
+        if len(tokens_per_block) > len(self.free_queue):
+            raise RuntimeError(f"Encoder cache full: {mm_hash!r} needs {len(tokens_per_block)} blocks, "
+                               f"{len(self.free_queue)} free")
+        block_ids = [self.free_queue.popleft() for _ in tokens_per_block]
+        self.items[mm_hash] = (block_ids, list(tokens_per_block))
+        return block_ids
+
+    def mark_written(self, mm_hash: str) -> None:
+        if mm_hash in self.items:
+            self.written.add(mm_hash)
+
     def put(self, mm_hash: str, embedding: torch.Tensor) -> None:
-        """Write an item's ``[N, fat_dim]`` rows into freshly allocated blocks."""
-        rows = embedding.shape[0]
-        counts = [min(self.block_size, rows - start) for start in range(0, rows, self.block_size)]
-        if len(counts) > len(self.free_blocks):
-            raise RuntimeError(f"encoder cache full: {mm_hash!r} needs {len(counts)} blocks")
-        block_ids = [self.free_blocks.pop(0) for _ in counts]
-        for block, start, count in zip(block_ids, range(0, rows, self.block_size), counts):
+        """Allocate densely and write an item's ``[N, fat_dim]`` rows (precomputed embeddings)."""
+        if mm_hash in self.items:
+            return
+        counts = self.dense_tokens_per_block(embedding.shape[0], self.block_size)
+        start = 0
+        for block, count in zip(self.allocate(mm_hash, counts), counts):
             self.buffer[block, :count] = embedding[start:start + count].to(self.dtype)
-        self.items[mm_hash] = (block_ids, counts)
+            self.buffer[block, count:] = 0
+            start += count
+        self.mark_written(mm_hash)
 
     def get_block_ids(self, mm_hash: str):
         return self.items[mm_hash][0] if mm_hash in self.items else None
@@ -113,25 +142,32 @@ class EncoderCacheStandIn:
 
     def free(self, mm_hash: str) -> None:
         block_ids, _ = self.items.pop(mm_hash)
-        self.free_blocks.extend(block_ids)
+        self.written.discard(mm_hash)
+        self.free_queue.extend(block_ids)
 
 
 @dataclasses.dataclass
 class ImageFeature:
     """One image of a prompt, with the names of vLLM's ``MultiModalFeatureSpec`` the runner and
     the model read (``modality``, ``identifier``, ``mm_position.offset`` / ``.length``,
-    ``data["image_grid_thw"].data``), and its encoder output ``embedding [length, fat_dim]``
-    (what the tower would write into the encoder cache)."""
+    ``data["image_grid_thw"].data``), and its processor output ``pixel_values [t*h*w, C*Tp*P*P]``
+    (what ``_execute_mm_encoder`` hands ``embed_multimodal``), or, for a precomputed item, its
+    ``embedding [length, fat_dim]`` (written with ``encoder_cache.put``).
+
+    ``length``: the placeholder tokens, ``t*h*w / spatial_merge_size**2``.
+    """
 
     identifier: str
     offset: int
     grid_thw: tuple[int, int, int]
-    embedding: torch.Tensor
+    length: int
+    pixel_values: torch.Tensor | None = None
+    embedding: torch.Tensor | None = None
     modality: str = "image"
 
     @property
     def mm_position(self):
-        return types.SimpleNamespace(offset=self.offset, length=self.embedding.shape[0], is_embed=None)
+        return types.SimpleNamespace(offset=self.offset, length=self.length, is_embed=None)
 
     @property
     def data(self):
@@ -156,6 +192,34 @@ def build_encoder_cache(vision_config: VisionNeuronConfigStandIn, hf_config, lar
     needed = math.ceil(max(largest_prefill_bucket, largest // merge) / block_size) + 1
     num_blocks = max(vision_config.encoder_cache_num_blocks or 0, needed)
     return EncoderCacheStandIn(num_blocks, block_size, fat_dim), max_blocks
+
+
+def warm_up_vision_tower(model, vision_config: VisionNeuronConfigStandIn, cache: EncoderCacheStandIn) -> None:
+    """The worker's ``_warmup_vision_encoder``: each vision bucket, ascending, on the model's synthetic
+    inputs, the cache buffer and all-zero ``write_block_ids``."""
+    for bucket in sorted(vision_config.num_vision_tokens_buckets):
+        blocks = math.ceil(math.ceil(bucket / vision_config.vision_attention_block_size) / vision_config.dp_size)
+        inputs = model.build_vision_synthetic_inputs(bucket, vision_config, cache.buffer.device)
+        model.visual(**inputs, encoder_cache_buffer=cache.buffer,
+                     write_block_ids=torch.zeros(blocks * vision_config.dp_size, dtype=torch.int64))
+
+
+def encode_into_cache(model, cache: EncoderCacheStandIn, features) -> None:
+    """``_execute_mm_encoder`` for a step's uncached ``features``: precomputed embeddings with ``put``,
+    images in one ``embed_multimodal`` call (one modality group), then marked written."""
+    images = []
+    for feature in features:
+        if feature.embedding is not None:
+            cache.put(feature.identifier, feature.embedding)
+        else:
+            images.append(feature)
+    if not images:
+        return
+    model.embed_multimodal(encoder_cache=cache, mm_hashes=[f.identifier for f in images],
+                           pixel_values=torch.cat([f.pixel_values for f in images]),
+                           image_grid_thw=torch.tensor([f.grid_thw for f in images]))
+    for feature in images:
+        cache.mark_written(feature.identifier)
 
 
 def warmup_vision_inputs(cache: EncoderCacheStandIn, max_blocks: int, num_tokens: int) -> dict:

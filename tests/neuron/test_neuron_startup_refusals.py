@@ -139,12 +139,18 @@ def test_a_vision_neuron_config_serving_no_images_is_accepted_with_one_log_line(
         checks_logger.removeHandler(caplog.handler)
 
 
-@pytest.mark.parametrize(("image", "video"), [(1, 0), (0, 2), (999, 999)])
-def test_a_vision_neuron_config_with_images_or_videos_allowed_is_refused(dense_config, current_engine, image, video):
+@pytest.mark.parametrize(("image", "video"), [(0, 2), (999, 999), (1, 1)])
+def test_a_vision_neuron_config_with_videos_allowed_is_refused(dense_config, current_engine, image, video):
     current_engine(_engine(image=image, video=video))
-    message = (f"vision_neuron_config is given and limit-mm-per-prompt allows image={image}, video={video}: .*"
-               r"set limit-mm-per-prompt \{\"image\": 0, \"video\": 0\}")
+    message = (f"limit-mm-per-prompt allows video={video}: the Neuron shell serves images, not videos .*"
+               rf"set limit-mm-per-prompt \{{\"image\": {image}, \"video\": 0\}}")
     with pytest.raises(ValueError, match=message):
+        _build(dense_config, text_neuron_config=NeuronConfigStandIn(), vision_neuron_config=object())
+
+
+def test_images_allowed_on_a_checkpoint_without_a_tower_are_refused(dense_config, current_engine):
+    current_engine(_engine(image=1, video=0))
+    with pytest.raises(ValueError, match=r"allows image=1, but the checkpoint has no vision tower \(no vision_config\)"):
         _build(dense_config, text_neuron_config=NeuronConfigStandIn(), vision_neuron_config=object())
 
 

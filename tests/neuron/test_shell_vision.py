@@ -1,22 +1,25 @@
-"""Images in the Neuron shell's text model: M-RoPE with distinct axes and the runner's vision inputs.
+"""Images in the Neuron shell: the vision tower's bucket graphs, M-RoPE with distinct axes, the runner's vision inputs.
 
 What vllm-neuron's runner (whn09/vllm-neuron@7ea99278, see ``runner_vision.py``) gives a
 multimodal model, checked against transformers' ``Qwen3_5ForConditionalGeneration`` on a
 tiny random vision-language checkpoint with an interleaved ``mrope_section``:
 
+- the tower graph (``visual``, one static graph per ``num_vision_tokens_buckets`` entry,
+  images packed into fixed attention blocks, attention masked by per-row bounds) writes
+  transformers' ``Qwen3_5VisionModel`` output into the encoder cache (fp32 tight, bf16 loose),
+  also with two images sharing one block;
 - ``get_mrope_input_positions`` (the runner's ``SupportsMRoPE`` call) equals transformers'
   ``get_rope_index``; the rotary embedding turns q and k by ``[3, T]`` positions exactly as
   transformers' text rotary does;
-- prompts with images of different sizes, split across prefill chunks, served beside a
-  one-image prompt through the runner stand-in (encoder cache of bfloat16 blocks,
-  ``vision_embedding_blocks`` / ``vision_positions`` on prefill, M-RoPE positions on every
-  step, one static graph per bucket, no recompile after warm-up, no host read) give
-  transformers' greedy ids in fp32, fed the same image embeddings (transformers' own
-  vision tower output, rounded to the cache's bfloat16);
-- bad vision inputs are refused naming the argument.
-
-The tower itself is not run by the shell here: the image embeddings enter the encoder
-cache the way the runner stores precomputed embeddings (``encoder_cache.put``).
+- prompts with one and with three images of different sizes, split across prefill chunks,
+  served through the runner stand-in (``_execute_mm_encoder`` calling the shell's
+  ``embed_multimodal``, which packs, picks the bucket, allocates the cache blocks and runs the
+  compiled tower; ``vision_embedding_blocks`` / ``vision_positions`` on prefill; M-RoPE
+  positions on every step; one static graph per text and per vision bucket, no recompile
+  after warm-up, no host read) give transformers' greedy ids in fp32, transformers fed its
+  own tower's output rounded to the cache's bfloat16;
+- bad vision inputs and images that fit no bucket are refused naming the argument, before
+  any cache block is allocated.
 """
 
 import types
@@ -24,16 +27,19 @@ import types
 import pytest
 import torch
 
-from runner import EngineSettings, NeuronRunnerStandIn, Request, host_reads, symbolic_graphs
-from runner_vision import ImageFeature
+from runner import GraphRecorder, EngineSettings, NeuronRunnerStandIn, Request, host_reads, symbolic_graphs
+from runner_vision import EncoderCacheStandIn, ImageFeature
 from vllm_gdn_neuron.layers.rotary import PartialRotaryEmbedding
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 from vllm_gdn_neuron.neuron.mrope import mrope_input_positions
 from vllm_gdn_neuron.neuron.vision import check_vision_inputs
+from vllm_gdn_neuron.neuron.vision_tower import NeuronVisionTower, VisionLayout, encode_images, pack_images
 
 IMAGE, VIDEO, START, END = 500, 501, 502, 503
 SECTION = (4, 2, 2)  # of rotary_dim / 2 = 8 slots: height 1, 4; width 2, 5; temporal 0, 3, 6, 7
 PREFILL_BUCKET, DECODE_BUCKET, NEW_TOKENS = 16, 2, 4
+# Vision graphs of 1 and 2 attention blocks of 32 patches (8 merged rows each).
+VISION = dict(num_vision_tokens_buckets=[32, 64], vision_attention_block_size=32, encoder_cache_num_blocks=8)
 
 
 def vl_config(mrope_section=SECTION, partial_rotary_factor=0.5):
@@ -85,16 +91,20 @@ def image_prompt(pieces, seed=0):
 
 
 def features_of(hf, images, seed=0):
-    """``ImageFeature``s with transformers' vision-tower output for random pixels, rounded to bfloat16."""
+    """``ImageFeature``s with random pixel patches (what the processor hands the runner)."""
     generator = torch.Generator().manual_seed(seed)
     vision = hf.config.vision_config
     patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-    grids = torch.tensor([grid for _, grid in images])
-    pixels = torch.randn(int(grids.prod(-1).sum()), patch, generator=generator)
+    return [ImageFeature(f"image-{seed}-{i}", offset, grid, grid[1] * grid[2] // 4,
+                         pixel_values=torch.randn(grid[1] * grid[2], patch, generator=generator))
+            for i, (offset, grid) in enumerate(images)]
+
+
+def hf_tower_rows(hf, features):
+    """transformers' vision-tower output of each feature's pixels ``[length, out_hidden_size]``."""
     with torch.no_grad():
-        embeddings = hf.model.get_image_features(pixels, grids).pooler_output
-    return [ImageFeature(f"image-{seed}-{i}", offset, grid, embedding.to(torch.bfloat16).float())
-            for i, ((offset, grid), embedding) in enumerate(zip(images, embeddings))]
+        return list(hf.model.get_image_features(torch.cat([f.pixel_values for f in features]),
+                                                torch.tensor([f.grid_thw for f in features])).pooler_output)
 
 
 def hf_rope_index(hf, ids, features):
@@ -105,9 +115,10 @@ def hf_rope_index(hf, ids, features):
 
 
 def hf_greedy(hf, prompt, features, new_tokens):
-    """Greedy ids of transformers, the image tokens' embeddings replaced by the features' rows."""
+    """Greedy ids of transformers, the image tokens' embeddings its own tower's rows rounded to bfloat16
+    (the encoder cache's dtype)."""
     positions, delta = hf_rope_index(hf, prompt, features)
-    image_rows = torch.cat([f.embedding for f in features]) if features else None
+    image_rows = torch.cat(hf_tower_rows(hf, features)).to(torch.bfloat16).float() if features else None
     is_image = torch.tensor([t == IMAGE for t in prompt])
     ids = list(prompt)
     with torch.no_grad():
@@ -148,8 +159,7 @@ def test_rotation_by_distinct_mrope_axes_equals_transformers(section, partial):
                                     [2, (1, 8, 2), (1, 2, 8)]])
 def test_mrope_input_positions_equal_transformers_rope_index(hf, pieces):
     ids, images = image_prompt(pieces)
-    features = [ImageFeature(f"i{n}", offset, grid, torch.zeros(grid[1] * grid[2] // 4, 64))
-                for n, (offset, grid) in enumerate(images)]
+    features = [ImageFeature(f"i{n}", offset, grid, grid[1] * grid[2] // 4) for n, (offset, grid) in enumerate(images)]
     got, got_delta = mrope_input_positions(ids, list(reversed(features)), 2)
     want, want_delta = hf_rope_index(hf, ids, features)
     assert got.dtype == torch.int64 and torch.equal(got, want) and got_delta == want_delta
@@ -157,8 +167,8 @@ def test_mrope_input_positions_equal_transformers_rope_index(hf, pieces):
 
 @pytest.mark.parametrize("feature, message", [
     (types.SimpleNamespace(modality="video", mm_position=types.SimpleNamespace(offset=1)), "images only; got a 'video'"),
-    (ImageFeature("odd", 1, (1, 3, 4), torch.zeros(3, 64)), r"image_grid_thw must be \[1, h, w\] .*got \[1, 3, 4\]"),
-    (ImageFeature("long", 4, (1, 4, 4), torch.zeros(4, 64)), "runs past the prompt of 6 tokens"),
+    (ImageFeature("odd", 1, (1, 3, 4), 3), r"image_grid_thw must be \[1, h, w\] .*got \[1, 3, 4\]"),
+    (ImageFeature("long", 4, (1, 4, 4), 4), "runs past the prompt of 6 tokens"),
 ])
 def test_mrope_input_positions_refuse_what_they_cannot_place(feature, message):
     with pytest.raises(ValueError, match=message):
@@ -187,14 +197,14 @@ def test_bad_vision_inputs_are_refused_naming_the_argument(blocks, positions, is
         check_vision_inputs(blocks, positions, 16, 64, is_decode)
 
 
-def make_runner(checkpoint, architectures=None, compile=True, backend=None):
-    vision = dict(num_vision_tokens_buckets=[128], vision_attention_block_size=16)
+def make_runner(checkpoint, architectures=None, compile=True, backend=None, vision_backend=None):
     neuron = dict(on_device_sampling_config=None, num_batched_tokens_buckets=[PREFILL_BUCKET],
                   num_seqs_buckets=[DECODE_BUCKET])
     settings = EngineSettings(model=checkpoint, dtype="float32", max_num_seqs=DECODE_BUCKET, uses_mrope=True,
                               multimodal=True, architectures=architectures, num_gpu_blocks_override=16,
-                              additional_config={"neuron_config": neuron, "vision_neuron_config": vision})
-    return NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=compile, backend=backend)
+                              additional_config={"neuron_config": neuron, "vision_neuron_config": VISION})
+    return NeuronRunnerStandIn(Qwen3_5NeuronForCausalLM, settings, compile=compile, backend=backend,
+                               vision_backend=vision_backend)
 
 
 def serve_images(runner, requests):
@@ -209,22 +219,30 @@ def serve_images(runner, requests):
     return [r.output for r in requests]
 
 
-def serve_image_prompts(checkpoint, hf, architectures=None, backend=None):
-    """Start the runner stand-in, then serve a three-image prompt (its two larger images each straddle a
-    prefill-chunk boundary, 16 and 32) beside a one-image prompt, decoded together, under
-    ``fail_on_recompile``. Returns ``(runner, requests, ids)``."""
-    runner = make_runner(checkpoint, architectures, backend=backend)
+def graph_counts(runner):
+    """Dynamo graphs of the text and the vision backend (the same one unless the test split them)."""
+    return len(runner.recorder.dynamo_graphs), len(runner.vision_recorder.dynamo_graphs)
+
+
+def serve_image_prompts(checkpoint, hf, architectures=None, backend=None, vision_backend=None):
+    """Start the runner stand-in, then serve a three-image prompt beside a one-image prompt, decoded
+    together, under ``fail_on_recompile``. The three-image prompt's first chunk encodes two images
+    (the second straddles the chunk boundary at 16: the 2-block vision graph), its second chunk the
+    third (straddling 32: the 1-block graph); the one-image prompt takes the 1-block graph.
+    Returns ``(runner, requests, ids)``."""
+    runner = make_runner(checkpoint, architectures, backend=backend, vision_backend=vision_backend)
     runner.start()
-    buckets = len(runner.prefill_buckets) + len(runner.decode_buckets)
-    assert len(runner.recorder.dynamo_graphs) == buckets
-    prompts = [image_prompt([12, (1, 4, 6), 9, (1, 6, 4), 4, (1, 2, 2), 5], seed=1),
+    text, vision = len(runner.prefill_buckets) + len(runner.decode_buckets), len(VISION["num_vision_tokens_buckets"])
+    graphs = (text + vision,) * 2 if runner.vision_recorder is runner.recorder else (text, vision)
+    assert graph_counts(runner) == graphs
+    prompts = [image_prompt([3, (1, 2, 2), 6, (1, 6, 4), 9, (1, 4, 6), 5], seed=1),
                image_prompt([2, (1, 2, 2), 7], seed=2)]
     requests = [Request(ids, NEW_TOKENS, mm_features=features_of(hf, images, seed=n))
                 for n, (ids, images) in enumerate(prompts)]
     torch._dynamo.utils.counters.clear()
     with torch.compiler.set_stance("fail_on_recompile"):
         got = serve_images(runner, requests)
-    assert len(runner.recorder.dynamo_graphs) == buckets, "a step recompiled after warm-up"
+    assert graph_counts(runner) == graphs, "a step recompiled after warm-up"
     return runner, requests, got
 
 
@@ -235,7 +253,7 @@ PLUGIN_ARCHITECTURE = ["VllmGdnNeuronQwen3_5ForConditionalGeneration"]
 def test_prompts_with_images_give_transformers_greedy_ids(checkpoint, hf):
     """Under the checkpoint's own architecture name, which vllm-neuron's model list knows: merge factor 4."""
     runner, requests, got = serve_image_prompts(checkpoint, hf)
-    assert runner.encoder_cache.block_size == 16 // 4
+    assert runner.encoder_cache.block_size == 32 // 4
     assert symbolic_graphs(runner.recorder) == 0
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) == 0
     assert [r for g in runner.recorder.dynamo_graphs + runner.recorder.aten_graphs for r in host_reads(g)] == []
@@ -248,13 +266,16 @@ def test_the_buckets_with_vision_inputs_lower_to_stablehlo_and_equal_eager(check
     """The prefill bucket with its vision inputs (the scatter of the cache rows) and the decode bucket,
     lowered through ``xla_lowering.XlaLoweringBackend`` (no float64, no host transfer, no custom call),
     run on XLA:CPU: equal to eager, and transformers' greedy ids. Under the plugin's architecture
-    name, which the runner's merge-factor lookup does not know: factor 1, blocks of 16 rows."""
+    name, which the runner's merge-factor lookup does not know: factor 1, blocks of 32 rows.
+    The vision graphs run on ``aot_eager`` here: torchax lowers the tower's LayerNorm variance
+    with a float64 NaN constant, which the lowering check refuses (``docs/neuron-vision.md``)."""
     from test_xla_lowering import assert_equal_to_eager
     from xla_lowering import XlaLoweringBackend
 
     backend = XlaLoweringBackend()
-    runner, requests, got = serve_image_prompts(checkpoint, hf, PLUGIN_ARCHITECTURE, backend=backend)
-    assert runner.encoder_cache.block_size == 16
+    runner, requests, got = serve_image_prompts(checkpoint, hf, PLUGIN_ARCHITECTURE, backend=backend,
+                                                vision_backend=GraphRecorder())
+    assert runner.encoder_cache.block_size == 32
     assert_equal_to_eager(backend, 2)
     for request, ids in zip(requests, got):
         assert ids == hf_greedy(hf, request.prompt, request.mm_features, NEW_TOKENS)
@@ -278,3 +299,95 @@ def test_the_image_embeddings_and_their_positions_change_the_logits(checkpoint, 
         runner.prefill(request, len(ids))
         logits.append(tap[-1])
     assert not torch.allclose(logits[0], logits[1]) and not torch.allclose(logits[0], logits[2])
+
+
+# --- the tower graph ------------------------------------------------------------------------------
+
+
+def tower_like(hf, dtype):
+    """The shell's ``visual`` with transformers' tower weights, and its layout for ``VISION``."""
+    vision_config = hf.config.vision_config
+    visual = NeuronVisionTower(vision_config, dtype)
+    missing, unexpected = visual.tower.load_state_dict(hf.model.visual.state_dict(), strict=False)
+    assert missing == [] and all("inv_freq" in name for name in unexpected), (missing, unexpected)
+    visual.tower.to(dtype)
+    return visual, VisionLayout.of(types.SimpleNamespace(**VISION, dp_size=1), vision_config)
+
+
+def pack_shared_block(layout, features, dtype):
+    """Several images in one attention block (end to end, each attending within its own span)."""
+    packed = pack_images(layout, 1, None, [], dtype)
+    start = 0
+    for feature in features:
+        one = pack_images(layout, 1, feature.pixel_values, [feature.grid_thw], dtype)
+        rows = slice(start, start + feature.pixel_values.shape[0])
+        for key in packed:
+            length = rows.stop - rows.start
+            packed[key][0, rows] = one[key][0, :length] + (start if key.startswith("bound_") else 0)
+        start = rows.stop
+    return packed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 0.1)])
+def test_the_tower_graph_writes_transformers_vision_output_into_the_cache(hf, dtype, tolerance):
+    """Images packed one per block (the 2-block bucket, one block empty) and two images sharing a block,
+    one compiled graph per shape (the second 2-block call under ``fail_on_recompile``); a float32 cache buffer keeps
+    the rows unrounded. Tolerances: fp32 tight; bf16 against transformers' fp32 tower, loose."""
+    visual, layout = tower_like(hf, dtype)
+    recorder = GraphRecorder()
+    compiled = torch.compile(visual, backend=recorder, fullgraph=True)
+    features = features_of(hf, [(0, (1, 4, 6)), (0, (1, 2, 2)), (0, (1, 2, 6))], seed=7)
+    want = hf_tower_rows(hf, features)
+    buffer = torch.full((5, 8, 64), float("nan"))
+    packed = pack_images(layout, 2, torch.cat([f.pixel_values for f in features[:1]]), [features[0].grid_thw], dtype)
+    ids = torch.tensor([3, 4])  # block 1 is empty: its rows go to the scratch block 4
+    compiled(**packed, encoder_cache_buffer=buffer, write_block_ids=ids)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        packed = pack_images(layout, 2, torch.cat([f.pixel_values for f in features[1:]]),
+                             [f.grid_thw for f in features[1:]], dtype)
+        compiled(**packed, encoder_cache_buffer=buffer, write_block_ids=torch.tensor([0, 1]))
+    torch.testing.assert_close(buffer[3, :6], want[0], atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(buffer[0, :1], want[1], atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(buffer[1, :3], want[2], atol=tolerance, rtol=tolerance)
+    assert buffer[2].isnan().all(), "a block no write_block_ids names was written"
+    shared = torch.full((1, 8, 64), float("nan"))
+    compiled(**pack_shared_block(layout, features[1:], dtype), encoder_cache_buffer=shared,
+             write_block_ids=torch.tensor([0]))
+    torch.testing.assert_close(shared[0, :4], torch.cat(want[1:]), atol=tolerance, rtol=tolerance)
+    assert len(recorder.dynamo_graphs) == 2 and symbolic_graphs(recorder) == 0  # one per bucket shape
+    assert [r for g in recorder.dynamo_graphs + recorder.aten_graphs for r in host_reads(g)] == []
+
+
+def _encode(visual, layout, cache, grids, hashes=None, patches=None):
+    patch = layout.patch_elements
+    pixels = torch.zeros(sum(h * w for _, h, w in grids), patch) if patches is None else patches
+    encode_images(visual, layout, torch.float32, cache, hashes or [f"h{i}" for i in range(len(grids))], pixels,
+                  torch.tensor(grids))
+
+
+@pytest.mark.parametrize("grids, change, message", [
+    ([(1, 2, 2)] * 3, {}, r"image_grid_thw: 3 images need 3 vision attention blocks .*has 2"),
+    ([(1, 8, 6)], {}, r"image_grid_thw\[0\]: an image of h \* w = 48 patches must fit one vision attention block "
+                      r"of vision_attention_block_size=32"),
+    ([(2, 2, 2)], {}, r"image_grid_thw\[0\] must have t = 1"),
+    ([(1, 3, 2)], {}, r"grid_thw\[0\] must have t >= 1 and h, w positive multiples of spatial_merge_size=2"),
+    ([(1, 2, 2)], {"patches": torch.zeros(5, 3 * 2 * 64)}, r"pixel_values must be a \[4, 384\] float tensor"),
+    ([(1, 2, 2), (1, 2, 2)], {"hashes": ["only-one"]}, "mm_hashes must name each of the 2 images .*got 1"),
+    ([(1, 2, 2)], {"cache": EncoderCacheStandIn(4, 4, 64)}, "encoder_cache.block_size must be at least .* = 8"),
+    ([(1, 2, 2)], {"cache": EncoderCacheStandIn(4, 8, 128)}, "encoder_cache.fat_dim must be out_hidden_size=64"),
+])
+def test_images_the_buckets_cannot_take_are_refused_before_any_block_is_allocated(hf, grids, change, message):
+    visual, layout = tower_like(hf, torch.float32)
+    cache = change.pop("cache", EncoderCacheStandIn(4, 8, 64))
+    with pytest.raises(ValueError, match=message):
+        _encode(visual, layout, cache, grids, **change)
+    assert cache.items == {} and len(cache.free_queue) == 3
+
+
+def test_embed_multimodal_refuses_videos(checkpoint):
+    runner = make_runner(checkpoint, compile=False)
+    runner.load_model()
+    with pytest.raises(ValueError, match="pixel_values_videos / video_grid_thw were given; .*images only"):
+        runner.model.embed_multimodal(encoder_cache=runner.encoder_cache, mm_hashes=["v"],
+                                      pixel_values_videos=torch.zeros(8, 384), video_grid_thw=torch.tensor([[2, 2, 2]]))

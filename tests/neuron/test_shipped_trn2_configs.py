@@ -45,8 +45,8 @@ def test_every_vision_neuron_config_comes_with_no_images_and_no_videos(path):
     settings = _settings(path)
     vision = settings["additional-config"].get("vision_neuron_config")
     limits = settings.get("limit-mm-per-prompt", {})
-    check_vision_neuron_config(types.SimpleNamespace(**vision) if vision else None,
-                               limits.get("image", 999), limits.get("video", 999))
+    assert not check_vision_neuron_config(types.SimpleNamespace(**vision) if vision else None, None,
+                                          limits.get("image", 999), limits.get("video", 999))
     assert settings["additional-config"]["neuron_config"].get("quantization") in UNQUANTIZED
 
 

@@ -136,14 +136,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def axial_rotary(rows: torch.Tensor, cols: torch.Tensor, head_dim: int, theta: float):
-    """2-D rotary angles of each patch: ``(cos, sin)``, each ``[N, head_dim]`` float32.
+    """2-D rotary angles of each patch: ``(cos, sin)``, each ``[..., N, head_dim]`` float32
+    (``rows`` / ``cols`` ``[..., N]``).
 
     The first quarter of the frequencies turns with the patch row, the second with the
     column; the two halves of the head repeat that ``[row | col]`` pattern (``rotate_half``).
     """
     spatial_dim = head_dim // 2
     inv_freq = 1.0 / theta ** (torch.arange(0, spatial_dim, 2, dtype=torch.float32, device=rows.device) / spatial_dim)
-    angles = torch.cat((rows.float()[:, None] * inv_freq, cols.float()[:, None] * inv_freq), dim=-1)
+    angles = torch.cat((rows.float()[..., None] * inv_freq, cols.float()[..., None] * inv_freq), dim=-1)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 
@@ -163,19 +164,29 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=True)
         self.proj = nn.Linear(hidden_size, hidden_size, bias=True)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segment_lengths: list[int]):
-        """``x`` ``[N, E]``, ``cos`` / ``sin`` ``[N, D]`` float32 -> ``[N, E]``."""
-        tokens = x.shape[0]
-        q, k, v = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim).unbind(1)
-        cos, sin = cos[:, None, :], sin[:, None, :]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention):
+        """``x`` ``[..., N, E]``, ``cos`` / ``sin`` ``[..., N, D]`` float32 -> ``[..., N, E]``.
+
+        ``attention`` says which rows see each other: a list of segment lengths (``x`` is
+        ``[N, E]``; each segment attends within itself), or a bool mask ``[..., N, N]``,
+        True where row i may attend to row j (static shapes: a bucketed graph).
+        """
+        *lead, tokens, _ = x.shape
+        q, k, v = self.qkv(x).view(*lead, tokens, 3, self.num_heads, self.head_dim).unbind(-3)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         q = (q.float() * cos + rotate_half(q.float()) * sin).to(x.dtype)
         k = (k.float() * cos + rotate_half(k.float()) * sin).to(x.dtype)
-        outs = [
-            F.scaled_dot_product_attention(qs.transpose(0, 1)[None], ks.transpose(0, 1)[None], vs.transpose(0, 1)[None])
-            for qs, ks, vs in zip(q.split(segment_lengths), k.split(segment_lengths), v.split(segment_lengths))
-        ]
-        out = torch.cat(outs, dim=2)[0].transpose(0, 1).reshape(tokens, -1)
-        return self.proj(out)
+        q, k, v = (t.transpose(-3, -2) for t in (q, k, v))  # [..., H, N, D]
+        if isinstance(attention, torch.Tensor):  # matmuls and a float32 softmax: no fused kernel in the graph
+            scores = (q @ k.transpose(-1, -2)) * self.head_dim**-0.5
+            scores = scores.masked_fill(~attention.unsqueeze(-3), float("-inf"))
+            out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype) @ v
+        else:
+            out = torch.cat([
+                F.scaled_dot_product_attention(qs[None], ks[None], vs[None])[0]
+                for qs, ks, vs in zip(q.split(attention, -2), k.split(attention, -2), v.split(attention, -2))
+            ], dim=-2)
+        return self.proj(out.transpose(-3, -2).reshape(*lead, tokens, -1))
 
 
 class VisionMLP(nn.Module):
@@ -203,8 +214,8 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(config.hidden_size, config.num_heads)
         self.mlp = VisionMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x, cos, sin, segment_lengths):
-        x = x + self.attn(self.norm1(x), cos, sin, segment_lengths)
+    def forward(self, x, cos, sin, attention):
+        x = x + self.attn(self.norm1(x), cos, sin, attention)
         return x + self.mlp(self.norm2(x))
 
 
@@ -219,8 +230,8 @@ class PatchMerger(nn.Module):
         self.linear_fc2 = nn.Linear(self.merged_size, config.out_hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[N, E]`` -> ``[N / m^2, out_hidden_size]``."""
-        x = self.norm(x).view(-1, self.merged_size)
+        """``[..., N, E]`` -> ``[..., N / m^2, out_hidden_size]``."""
+        x = self.norm(x).view(*x.shape[:-2], -1, self.merged_size)
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
@@ -238,7 +249,7 @@ class PatchEmbed(nn.Module):
         self.patch_elements = config.in_channels * config.temporal_patch_size * config.patch_size**2
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
-        """``[N, C*Tp*P*P]`` (any float dtype) -> ``[N, E]`` in the weights' dtype."""
+        """``[..., N, C*Tp*P*P]`` (any float dtype) -> ``[..., N, E]`` in the weights' dtype."""
         weight = self.proj.weight
         return F.linear(patches.to(weight.dtype), weight.reshape(weight.shape[0], -1), self.proj.bias)
 
@@ -302,13 +313,29 @@ class VisionTower(nn.Module):
     def forward_grid(self, pixel_patches: torch.Tensor, grid: VisionGridInputs) -> torch.Tensor:
         """:meth:`forward` with the grid-derived inputs given (``[N, ...]`` as in :class:`VisionGridInputs`)."""
         device = pixel_patches.device
+        return self.encode(pixel_patches, grid.rows.to(device), grid.cols.to(device), grid.table_index.to(device),
+                           grid.table_weight.to(device), grid.segment_lengths)
+
+    def encode(self, pixel_patches, rows, cols, table_index, table_weight, attention) -> torch.Tensor:
+        """The tower on patches laid out in any leading shape (one sequence, or fixed attention blocks).
+
+        Args:
+            pixel_patches: ``[..., N, C*Tp*P*P]`` float.
+            rows, cols: ``[..., N]`` integer patch row / column within its frame.
+            table_index: ``[..., N, 4]`` int64 position-table taps; ``table_weight`` their
+                ``[..., N, 4]`` float32 weights.
+            attention: segment lengths or a ``[..., N, N]`` bool mask (:class:`VisionAttention`).
+
+        Returns:
+            ``[..., N / m^2, out_hidden_size]`` in the weights' dtype: each run of ``m^2``
+            consecutive patches merged (an item's patches must start at a multiple of ``m^2``).
+        """
         x = self.patch_embed(pixel_patches)
-        table = self.pos_embed(grid.table_index.to(device))
-        positions = (table * grid.table_weight.to(device)[:, :, None]).sum(1)
+        positions = (self.pos_embed(table_index) * table_weight[..., None]).sum(-2)
         x = x + positions.to(x.dtype)
-        cos, sin = axial_rotary(grid.rows.to(device), grid.cols.to(device), self.head_dim, self.rope_theta)
+        cos, sin = axial_rotary(rows, cols, self.head_dim, self.rope_theta)
         for block in self.blocks:
-            x = block(x, cos, sin, grid.segment_lengths)
+            x = block(x, cos, sin, attention)
         return self.merger(x)
 
 

@@ -44,11 +44,10 @@ from vllm_gdn_neuron.models.attention import GatedAttention
 from vllm_gdn_neuron.models.gated_deltanet import GatedDeltaNet
 from vllm_gdn_neuron.models.mlp import SparseMoE, SwiGLUMLP
 from vllm_gdn_neuron.models.vision_processing import (
-    IMAGE_PLACEHOLDER,
-    VIDEO_PLACEHOLDER,
     Qwen3_5VisionDummyInputsBuilder,
     Qwen3_5VisionMultiModalProcessor,
     Qwen3_5VisionProcessingInfo,
+    placeholder_str,
 )
 from vllm_gdn_neuron.models.weights import plan_loads
 
@@ -286,11 +285,7 @@ class Qwen3_5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsMRo
 
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
-        if modality.startswith("image"):
-            return IMAGE_PLACEHOLDER
-        if modality.startswith("video"):
-            return VIDEO_PLACEHOLDER
-        raise ValueError(f"modality must be 'image' or 'video'; got {modality!r}")
+        return placeholder_str(modality)
 
     def embed_multimodal(self, **kwargs: object) -> tuple[torch.Tensor, ...]:
         """The merged embeddings ``[t*h*w / m^2, H]`` of each image, then each video, of the batch."""

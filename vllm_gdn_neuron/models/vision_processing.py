@@ -53,6 +53,15 @@ from vllm.multimodal.processing import (
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
+
+
+def placeholder_str(modality: str) -> str:
+    """The prompt text of one ``modality`` item (vLLM's ``SupportsMultiModal.get_placeholder_str``)."""
+    if modality.startswith("image"):
+        return IMAGE_PLACEHOLDER
+    if modality.startswith("video"):
+        return VIDEO_PLACEHOLDER
+    raise ValueError(f"modality must be 'image' or 'video'; got {modality!r}")
 VIDEO_CONFIG = "video_preprocessor_config.json"
 # The video processor's fields this processor reads, with Qwen3VLVideoProcessor's defaults.
 VIDEO_DEFAULTS = dict(patch_size=16, temporal_patch_size=2, merge_size=2, rescale_factor=1 / 255,

@@ -15,6 +15,7 @@ from vllm_gdn_neuron.kernels.gdn_cte import MAX_HEAD_DIM
 from vllm_gdn_neuron.layers.attention import check_attention_heads
 from vllm_gdn_neuron.layers.dims import check_layer_types
 from vllm_gdn_neuron.layers.rotary import check_rope_parameters
+from vllm_gdn_neuron.neuron.vision_tower import check_vision_layout
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
 
@@ -140,39 +141,48 @@ def _check_buckets(name: str, buckets, limit: int | None, limit_name: str) -> No
         raise ValueError(f"{name} must not exceed {limit_name}={limit}; got {list(buckets)}")
 
 
-def check_vision_neuron_config(vision_neuron_config, image_limit: int | None, video_limit: int | None) -> None:
-    """Accept a ``vision_neuron_config`` only where no image or video can reach the model.
+def check_vision_neuron_config(vision_neuron_config, vision_config, image_limit: int | None,
+                               video_limit: int | None) -> bool:
+    """Whether the shell serves images: a ``vision_neuron_config`` is given, the checkpoint has a
+    vision tower and the engine takes images; what it cannot serve is refused.
 
-    The shell builds the text decoder only: its forward takes the runner's image
-    embeddings and M-RoPE positions, but it has no ``embed_multimodal`` / ``visual`` to
-    fill the runner's encoder cache (``docs/neuron-vision.md``). vllm-neuron's runner
-    passes the vision config whenever ``additional_config`` has one (the shipped configs
-    state it so that the platform's vision auto-configuration stays bounded); it is
-    unused, and harmless, exactly when the engine accepts no multimodal items.
+    vllm-neuron's runner passes the vision config whenever ``additional_config`` has one (the
+    shipped configs state it so that the platform's vision auto-configuration stays bounded);
+    with ``limit-mm-per-prompt`` image 0 it is unused. Images are encoded by the shell's tower
+    (:mod:`.vision_tower`); videos are not served (their M-RoPE positions and per-frame
+    placeholders are not implemented, ``docs/neuron-vision.md``).
 
     Args:
         vision_neuron_config: vllm-neuron's ``VisionNeuronConfig`` or None.
+        vision_config: the checkpoint's ``vision_config`` or None (a text checkpoint).
         image_limit, video_limit: the engine's ``limit-mm-per-prompt`` for image and video
             (0 where the model takes no multimodal input), or None where no engine config
-            is current.
+            is current (then images are served if the checkpoint has a tower).
 
     Raises:
-        ValueError: naming ``limit-mm-per-prompt`` and the limits, when either is not 0.
+        ValueError: naming ``limit-mm-per-prompt`` or the ``vision_neuron_config`` field, the
+            value given and what to set instead.
     """
     if vision_neuron_config is None:
-        return
-    if image_limit is None or video_limit is None:
-        logger.info("vision_neuron_config is not used: the Neuron shell builds the text decoder only "
-                    "(no engine config is current, so limit-mm-per-prompt was not checked)")
-        return
-    if image_limit or video_limit:
+        return False
+    if video_limit:
+        raise ValueError(
+            f"limit-mm-per-prompt allows video={video_limit}: the Neuron shell serves images, not videos "
+            "(video M-RoPE positions and per-frame placeholders are not implemented); set limit-mm-per-prompt "
+            f"{{\"image\": {image_limit or 0}, \"video\": 0}}")
+    if image_limit == 0:
+        logger.info("vision_neuron_config is not used: limit-mm-per-prompt is image=0, video=0 (text only)")
+        return False
+    if vision_config is None:
+        if image_limit is None:
+            logger.info("vision_neuron_config is not used: the checkpoint has no vision_config (a text model)")
+            return False
         raise ValueError(
             f"additional_config.vision_neuron_config is given and limit-mm-per-prompt allows image={image_limit}, "
-            f"video={video_limit}: the Neuron shell serves the text decoder only; set limit-mm-per-prompt "
-            "{\"image\": 0, \"video\": 0} (or remove vision_neuron_config and serve text only)"
-        )
-    logger.info("vision_neuron_config is not used: limit-mm-per-prompt is image=0, video=0 and the Neuron shell "
-                "builds the text decoder only")
+            "but the checkpoint has no vision tower (no vision_config); set limit-mm-per-prompt "
+            "{\"image\": 0, \"video\": 0} (or remove vision_neuron_config and serve text only)")
+    check_vision_layout(vision_neuron_config, vision_config)
+    return True
 
 
 def check_engine_config(vllm_config) -> None:

@@ -44,6 +44,8 @@ from vllm_gdn_neuron.neuron.sampling import OnDeviceSampler
 from vllm_gdn_neuron.neuron.static_graphs import require_static_graphs
 from vllm_gdn_neuron.neuron.weights import load_checkpoint
 from vllm_gdn_neuron.neuron.vision import check_vision_inputs, merge_vision_embeddings
+from vllm_gdn_neuron.neuron.vision_tower import (NeuronVisionTower, VisionLayout, encode_images,
+                                                 synthetic_vision_inputs)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -165,7 +167,7 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
     is_hybrid = True
     has_inner_state = True
 
-    def __init__(self, hf_config, neuron_config=None, tp_group=None, vision_neuron_config=None) -> None:
+    def __init__(self, hf_config, neuron_config=None, tp_group=None) -> None:
         super().__init__()
         config = text_config_of(hf_config)
         self.tp_group = tp_group if tp_group is not None else current_tp_group()
@@ -175,7 +177,6 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         limits = engine_limits(vllm_config)
         check_engine_config(vllm_config)
         check_neuron_config(neuron_config, config, limits["max_model_len"], limits["max_num_seqs"])
-        check_vision_neuron_config(vision_neuron_config, limits["image_limit"], limits["video_limit"])
         self.config = config
         self.spatial_merge_size = getattr(getattr(hf_config, "vision_config", None), "spatial_merge_size", 1)
         self.uses_mrope = "mrope_section" in (config.rope_parameters or {})
@@ -199,12 +200,19 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
     def from_configs(cls, hf_config, neuron_config=None, *, text_neuron_config=None, vision_neuron_config=None):
         """Build the model (the runner calls this under ``torch.device("meta")``).
 
-        The multimodal form (``text_neuron_config=``, ``vision_neuron_config=``) builds the
-        text decoder only; a vision config is accepted only where the engine takes no image
-        or video (:func:`.checks.check_vision_neuron_config`).
+        The multimodal form (``text_neuron_config=``, ``vision_neuron_config=``) builds a
+        :class:`Qwen3_5NeuronForConditionalGeneration` (the text decoder and its ``visual``
+        tower) where the engine takes images (:func:`.checks.check_vision_neuron_config`),
+        else the text decoder only.
         """
-        return cls(hf_config, neuron_config if neuron_config is not None else text_neuron_config,
-                   vision_neuron_config=vision_neuron_config)
+        limits = engine_limits(current_vllm_config())
+        serves_images = check_vision_neuron_config(vision_neuron_config, getattr(hf_config, "vision_config", None),
+                                                   limits["image_limit"], limits["video_limit"])
+        neuron_config = neuron_config if neuron_config is not None else text_neuron_config
+        if serves_images:
+            return Qwen3_5NeuronForConditionalGeneration(hf_config, neuron_config,
+                                                         vision_neuron_config=vision_neuron_config)
+        return cls(hf_config, neuron_config)
 
     def load_weights(self, model_path: str, device, download_dir: str | None = None) -> None:
         """Load this rank's shards of the checkpoint at ``model_path`` onto ``device``.
@@ -386,3 +394,54 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             raise ValueError(f"logit_mask must be a {list(logits.shape)} bool tensor (logit rows, vocab_size); "
                              f"got {list(logit_mask.shape)} {logit_mask.dtype}")
         return logits.masked_fill(~logit_mask, float("-inf"))
+
+
+class Qwen3_5NeuronForConditionalGeneration(Qwen3_5NeuronForCausalLM):
+    """The text decoder and its vision tower ``visual`` (:mod:`.vision_tower`), built by
+    :meth:`Qwen3_5NeuronForCausalLM.from_configs` where the engine takes images.
+
+    The runner compiles ``visual`` beside the model (one graph per vision bucket), warms it up
+    with :meth:`build_vision_synthetic_inputs` (vllm-neuron's ``SupportsVisionWarmup``) and
+    calls :meth:`embed_multimodal` for a prefill step's uncached images.
+
+    Args:
+        hf_config: the vision-language checkpoint's config (``vision_config``, ``text_config``).
+        neuron_config: the text ``NeuronConfig`` or None.
+        tp_group: the tensor-parallel group (the tower is replicated on every rank).
+        vision_neuron_config: vllm-neuron's ``VisionNeuronConfig`` (checked by ``from_configs``).
+    """
+
+    def __init__(self, hf_config, neuron_config=None, tp_group=None, vision_neuron_config=None) -> None:
+        super().__init__(hf_config, neuron_config, tp_group)
+        self.vision_config = hf_config.vision_config
+        self.vision_layout = VisionLayout.of(vision_neuron_config, self.vision_config)
+        self.visual = NeuronVisionTower(self.vision_config, self.dtype)
+
+    def embed_multimodal(self, encoder_cache=None, mm_hashes=None, pixel_values=None, image_grid_thw=None,
+                         pixel_values_videos=None, video_grid_thw=None, **kwargs) -> None:
+        """Encode a step's images into the runner's encoder cache (:func:`.vision_tower.encode_images`).
+
+        Args:
+            encoder_cache: the runner's ``EncoderCacheBlocks``.
+            mm_hashes: one identifier per image, in ``image_grid_thw`` order.
+            pixel_values: ``[sum(h * w), C*Tp*P*P]`` patches; image_grid_thw: ``[M, 3]`` ``(1, h, w)``.
+            pixel_values_videos, video_grid_thw: refused (videos are not served), as is any
+                other multimodal keyword that is not None.
+
+        Raises:
+            ValueError: for videos, or images that do not fit the vision buckets, naming the argument.
+        """
+        if pixel_values_videos is not None or video_grid_thw is not None:
+            raise ValueError("embed_multimodal: pixel_values_videos / video_grid_thw were given; the Neuron shell "
+                             "serves images only (set limit-mm-per-prompt video to 0)")
+        unexpected = sorted(key for key, value in kwargs.items() if value is not None)
+        if unexpected:
+            raise ValueError(f"embed_multimodal takes pixel_values and image_grid_thw; got also {unexpected}")
+        encode_images(self.visual, self.vision_layout, self.dtype, encoder_cache, mm_hashes, pixel_values,
+                      image_grid_thw)
+
+    def build_vision_synthetic_inputs(self, bucket: int, vision_neuron_config, device) -> dict:
+        """The warm-up inputs of the vision graph of ``bucket`` (every row padding); the runner adds
+        ``encoder_cache_buffer`` and ``write_block_ids``."""
+        return synthetic_vision_inputs(VisionLayout.of(vision_neuron_config, self.vision_config), bucket,
+                                       self.dtype, device)

@@ -1,7 +1,8 @@
 """Checkpoint loading of the Neuron shell: Hugging Face safetensors -> this rank's parameters.
 
 Parameter names are the checkpoint's own text-decoder names (vision-language prefixes
-renamed, vision tower and MTP head skipped: :mod:`vllm_gdn_neuron.layers.checkpoint`),
+renamed, MTP head skipped: :mod:`vllm_gdn_neuron.layers.checkpoint`; the vision tower is
+loaded into ``visual.tower.*``, replicated, where the model has one and skipped otherwise),
 except where the layouts differ:
 
 - Qwen3-Next ``in_proj_qkvz`` / ``in_proj_ba`` are un-interleaved into Qwen3.5's
@@ -22,7 +23,8 @@ import re
 
 import torch
 
-from vllm_gdn_neuron.layers.checkpoint import split_flat_qkv, text_tensor_name, unpack_grouped_ba, unpack_grouped_qkvz
+from vllm_gdn_neuron.layers.checkpoint import (split_flat_qkv, text_tensor_name, unpack_grouped_ba, unpack_grouped_qkvz,
+                                               vision_tensor_name)
 from vllm_gdn_neuron.neuron.parallel import shard
 
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
@@ -89,7 +91,7 @@ class _Writer:
         self.written[name].add(key)
 
     def _shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if self.tp == 1:
+        if self.tp == 1 or name.startswith("visual."):  # the vision tower is replicated
             return tensor
         config, tp, rank = self.config, self.tp, self.rank
         key_dim = config.linear_num_key_heads * config.linear_key_head_dim
@@ -140,7 +142,12 @@ def load_checkpoint(model, model_path: str, device: torch.device, download_dir: 
         model.to_empty(device=device)
     writer = _Writer(model)
     config = model.config
+    has_tower = hasattr(model, "visual")
     for key, tensor in _checkpoint_tensors(checkpoint_files(model_path, download_dir)):
+        tower_name = vision_tensor_name(key)
+        if tower_name is not None and has_tower:
+            writer.write(key, f"visual.tower.{tower_name}", tensor.to(device))
+            continue
         name = text_tensor_name(key)
         if name is None:
             continue
