@@ -115,11 +115,28 @@ def build_checkpoint(out_dir):
 def mtp_checkpoints(args):
     """(the trained checkpoint, its Qwen3-Next layout) for ``--mtp``; the latter written on first use."""
     trainer = _configs_module("train_tiny_mtp")
-    qwen3_next = RESULTS / f"{trainer.NAME}-qwen3-next"
+    qwen3_next = RESULTS / f"{args.model.name}-qwen3-next"
     if not (qwen3_next / "config.json").exists():
         RESULTS.mkdir(parents=True, exist_ok=True)
         trainer.write_qwen3_next_layout(args.model, qwen3_next)
     return args.model, qwen3_next
+
+
+#: GDN head sizes of ``--scale-layers`` checkpoints: vLLM's C++ GDN kernels take Dk in {64, 128}
+#: and Dv a multiple of 32 (the trained checkpoint's are 32 and 16).
+SCALED_HEAD_DIM = 64
+
+
+def scaled_checkpoint(source: pathlib.Path, num_layers: int) -> pathlib.Path:
+    """``source`` with GDN heads of SCALED_HEAD_DIM and ``num_layers`` decoder layers, written
+    under RESULTS on first use (``configs/scale_checkpoint.py``: the same function)."""
+    target = RESULTS / f"{source.name}-{SCALED_HEAD_DIM}-{num_layers}layers"
+    if not (target / "config.json").exists():
+        scale = _configs_module("scale_checkpoint")
+        scale.widen_key_heads(source, target, SCALED_HEAD_DIM)
+        scale.widen_value_heads(target, target, SCALED_HEAD_DIM)
+        scale.deepen(target, target, num_layers)
+    return target
 
 
 def held_out_prompts(model_dir, rng, n, prompt_len):
@@ -554,6 +571,10 @@ def main():
                              f"{list(MTP_ENGINES)}); a '{MTP_SUFFIX}' engine decodes speculatively by the MTP head")
     parser.add_argument("--mtp", type=int, default=0, metavar="N",
                         help="the multi-token-prediction rows with N speculative tokens, on the trained checkpoint")
+    parser.add_argument("--scale-layers", type=int, metavar="L",
+                        help="with --mtp: serve the trained checkpoint as configs/scale_checkpoint.py rewrites it, "
+                             f"GDN heads Dk = Dv = {SCALED_HEAD_DIM} (shapes vLLM's C++ GDN kernels take) and L decoder "
+                             "layers: the same function at a real depth's per-step cost")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--speculative-tokens", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--mtp-rows", action="store_true", help=argparse.SUPPRESS)
@@ -602,6 +623,8 @@ def main_mtp(args):
         args.model = TRAINED_CHECKPOINT
     if not (args.model / "config.json").exists():
         raise SystemExit(f"--model: no config.json in {args.model} (python configs/train_tiny_mtp.py writes it)")
+    if args.scale_layers:
+        args.model = scaled_checkpoint(args.model, args.scale_layers)
     print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)
     best, loads = run_benchmark(args, [])
     text, rows = mtp_table(args, best)
@@ -611,7 +634,7 @@ def main_mtp(args):
               f"decode {args.decode_len} tokens after a {args.decode_prompt_len}-token prompt of held-out text; "
               f"{args.rounds} rounds, best shown\n\n{text}\n")
     print("\n" + report)
-    stem = f"bench_serve-mtp{args.mtp}"
+    stem = f"bench_serve-mtp{args.mtp}" + (f"-{args.scale_layers}layers" if args.scale_layers else "")
     (RESULTS / f"{stem}.md").write_text(report)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
         loads=loads, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))

@@ -335,10 +335,11 @@ def write_qwen3_next_layout(source: pathlib.Path, target: pathlib.Path) -> pathl
     from safetensors.torch import load_file, save_file
 
     tokenizer = tf.AutoTokenizer.from_pretrained(source)
-    text = model_config(tokenizer)
+    text = tf.AutoConfig.from_pretrained(source)
+    shapes = {key: getattr(text, key) for key in builder._COMMON}  # the source's own, scaled or not
     config = tf.Qwen3NextConfig(**builder._text_kwargs(
-        tokenizer, intermediate_size=text.intermediate_size, tie_word_embeddings=False,
-        initializer_range=text.initializer_range, num_experts=QWEN3_NEXT_EXPERTS, num_experts_per_tok=1,
+        tokenizer, **shapes, intermediate_size=text.intermediate_size, tie_word_embeddings=False,
+        num_experts=QWEN3_NEXT_EXPERTS, num_experts_per_tok=1,
         norm_topk_prob=True, moe_intermediate_size=text.intermediate_size,
         shared_expert_intermediate_size=QWEN3_NEXT_SHARED_SIZE, decoder_sparse_step=1, mlp_only_layers=[],
         layer_types=text.layer_types, num_nextn_predict_layers=1, dtype="bfloat16"))

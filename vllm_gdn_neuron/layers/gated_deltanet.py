@@ -19,6 +19,7 @@ shells adapt their engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep
 their cache into ``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -128,7 +129,9 @@ def gdn_mix(
         conv_weight: ``[C, K]``; A_log, dt_bias: ``[Hv]`` float32.
         caches: the layer's pages.
         decode, prefill, verify: the step's metadata (None for a part with no tokens). The
-            verify part always runs the trace-safe torch math of ``ops.paged_*_verify``.
+            verify part runs ``ops.paged_*_verify``: its recurrence on the backend
+            ``paged_ops`` binds for it where that provider has one (a layer's
+            ``LayerBackends``: the decode phase's), else the trace-safe torch math.
         paged: run the trace-safe paged ops (torch math; the only choice inside a compiled
             graph). False: the public ops, which dispatch to ``$VLLM_GDN_BACKEND`` (``nki``
             in its interpreter, ``vllm_cpu``) and check their inputs on the host at every
@@ -142,7 +145,8 @@ def gdn_mix(
     parts = []
     start = 0
     step_parts = (
-        (verify, verify.num_tokens if verify else 0, _paged(ops.paged_conv1d_verify, ops.paged_gdn_verify)),
+        (verify, verify.num_tokens if verify else 0,
+         _paged(ops.paged_conv1d_verify, getattr(paged_ops, "paged_gdn_verify", _torch_gdn_verify))),
         (decode, decode.num_rows if decode else 0,
          _paged(paged_ops.paged_conv1d_decode, paged_ops.paged_gdn_decode) if paged else _dispatched_decode),
         (prefill, prefill.num_tokens if prefill else 0,
@@ -159,6 +163,9 @@ def gdn_mix(
     if rest or not parts:
         parts.append(qkv.new_zeros(rest, dims.num_v_heads, dims.head_v_dim))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+_torch_gdn_verify = functools.partial(ops.paged_gdn_verify, backend="torch")
 
 
 def _paged(conv_op, gdn_op):

@@ -176,6 +176,9 @@ def _conv_in_place(x, weight, conv_cache, activation):
 IN_PLACE_RULES = {
     "paged_gdn_prefill": ("gdn_prefill", _gdn_rows_in_place),   # (q, v, ssm_cache, scale)
     "gdn_decode": ("gdn_decode", _gdn_rows_in_place),           # (q, v, ssm_cache, scale)
+    # Verify rows are decode steps over 1 + N tokens: the decode phase's choice, whose kernel
+    # has a speculative variant with the same per-token update.
+    "paged_gdn_verify": ("gdn_decode", _gdn_rows_in_place),     # (q, v, ssm_cache, scale)
     "paged_conv1d_prefill": ("conv_prefill", _conv_in_place),   # (x, weight, conv_cache, activation)
     "paged_conv1d_decode": ("conv_decode", _conv_in_place),     # (x, weight, conv_cache, activation)
 }

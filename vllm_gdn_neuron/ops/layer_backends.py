@@ -21,6 +21,9 @@ logger = logging.getLogger(f"vllm.plugins.{__name__}")
 #: phase -> the paged op that runs it.
 PAGED_OPS = {"conv_prefill": "paged_conv1d_prefill", "conv_decode": "paged_conv1d_decode",
              "gdn_prefill": "paged_gdn_prefill", "gdn_decode": "paged_gdn_decode"}
+#: Verify rows are decode steps over 1 + N tokens: their recurrence takes the decode phase's
+#: backend (the conv of verify rows has the torch math only).
+VERIFY_PHASE = "gdn_decode"
 
 
 @dataclass(frozen=True)
@@ -40,10 +43,12 @@ class LayerBackends:
 
     @functools.cached_property
     def paged_ops(self):
-        """The four paged ops with each phase's backend bound (``gdn_mix``'s ``paged_ops``)."""
-        return types.SimpleNamespace(**{
-            name: functools.partial(getattr(paged, name), backend=self.backends[phase])
-            for phase, name in PAGED_OPS.items()})
+        """The paged ops with their phase's backend bound (``gdn_mix``'s ``paged_ops``)."""
+        ops = {name: functools.partial(getattr(paged, name), backend=self.backends[phase])
+               for phase, name in PAGED_OPS.items()}
+        return types.SimpleNamespace(
+            **ops, paged_conv1d_verify=paged.paged_conv1d_verify,
+            paged_gdn_verify=functools.partial(paged.paged_gdn_verify, backend=self.backends[VERIFY_PHASE]))
 
     def describe(self) -> str:
         """One line: each phase's backend and why."""

