@@ -77,6 +77,15 @@ step recompiled under ``fail_on_recompile``). Decode steps are as the runner bui
 scheduled in a step leave the persistent batch (vLLM's ``InputBatch``) and come back at the
 lowest free row (:func:`serve`).
 
+Speculative decoding (``EngineSettings.speculative_config``, read at the same pin; the whole
+contract in ``docs/neuron-mtp.md``): warm-up traces per decode bucket the verify graph
+(``_build_decode_synthetic_inputs(spec_decode_enabled=True)``: ``rows * (1 + N)`` tokens,
+``decode_token_threshold = max_query_len = 1 + N``, ``_create_warmup_spec_decode_metadata``)
+before the one-token graph; every decode step is then a verify step
+(:meth:`NeuronRunnerStandIn.verify`). The pinned runner's ``__init__`` refuses any method but
+eagle3 and builds no MTP drafter; the stand-in takes the drafts from a host ``drafter``
+callable instead (the tests: the reference MTP head), and skips that refusal.
+
 The compile backend is a parameter (``backend=``): by default :class:`GraphRecorder`
 (``aot_eager``, keeping every graph); any callable ``(gm, example_inputs, options=None)``.
 """
@@ -212,6 +221,8 @@ class EngineSettings:
     architectures: list | None = None
     download_dir: str | None = None
     additional_config: dict = dataclasses.field(default_factory=dict)
+    # ``--speculative-config`` (``{"method": "mtp", "num_speculative_tokens": N}``) or None.
+    speculative_config: dict | None = None
 
 
 @dataclasses.dataclass
@@ -286,10 +297,12 @@ class NeuronRunnerStandIn:
             runner schedules; more packs prompts into one bucket (at most ``max_num_seqs``).
         vision_backend: the backend of ``model.visual`` (default: ``backend``, as the runner
             compiles both with one).
+        drafter: with a ``speculative_config``, the host function (token ids -> N draft ids)
+            that stands in for the runner's drafter model.
     """
 
     def __init__(self, model_cls, settings: EngineSettings, *, backend=None, compile: bool = True,
-                 prefill_rows: int = 1, vision_backend=None) -> None:
+                 prefill_rows: int = 1, vision_backend=None, drafter=None) -> None:
         if not 1 <= prefill_rows <= settings.max_num_seqs:
             raise ValueError(f"prefill_rows: expected 1 .. max_num_seqs = {settings.max_num_seqs}, got {prefill_rows}")
         self.prefill_rows = prefill_rows
@@ -311,6 +324,11 @@ class NeuronRunnerStandIn:
         self.prefill_buckets = sorted(self.neuron_config.num_batched_tokens_buckets)
         self.decode_buckets = sorted(self.neuron_config.num_seqs_buckets)
         self.model_cls = model_cls
+        speculative = settings.speculative_config or {}
+        self.num_speculative_tokens = int(speculative.get("num_speculative_tokens", 0))
+        if self.num_speculative_tokens and drafter is None:
+            raise ValueError("speculative_config: the harness needs a drafter (token ids -> N draft ids)")
+        self.drafter = drafter
         self.recorder = backend if backend is not None else GraphRecorder()
         self.vision_recorder = vision_backend if vision_backend is not None else self.recorder
         self.compile = compile
@@ -373,7 +391,8 @@ class NeuronRunnerStandIn:
 
     # --- warm-up ------------------------------------------------------------------------------
 
-    def _warmup_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int) -> dict:
+    def _warmup_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int,
+                         decode_token_threshold: int = 1) -> dict:
         metadata = {}
         for group, width in zip(self.groups, self.widths):
             full = math.ceil(self.settings.max_model_len / group.spec.block_size)
@@ -381,7 +400,7 @@ class NeuronRunnerStandIn:
                 block_table_tensor=torch.arange(width, dtype=torch.int32)[None].expand(num_reqs, -1).contiguous(),
                 slot_mapping=torch.arange(num_tokens, dtype=torch.int64),
                 max_query_len=max_query_len, block_size=group.spec.block_size, max_blocks_per_seq=width,
-                decode_token_threshold=1, cached_seq_len=torch.tensor([[0]], dtype=torch.int32),
+                decode_token_threshold=decode_token_threshold, cached_seq_len=torch.tensor([[0]], dtype=torch.int32),
                 kv_segment_size=0,
                 full_block_table_tensor=torch.arange(full, dtype=torch.int32)[None].expand(num_reqs, -1).contiguous(),
             )
@@ -391,7 +410,8 @@ class NeuronRunnerStandIn:
 
     def warm_up(self) -> None:
         """Every prefill bucket (``prefill_rows`` requests), then every decode bucket, on the runner's
-        synthetic inputs."""
+        synthetic inputs; with speculative decoding each decode bucket's verify graph first, then
+        its one-token graph (``warmup_decode``: the runner falls back to it where no drafts come)."""
         rows = self.prefill_rows
         for bucket in self.prefill_buckets:
             positions = torch.arange(bucket, dtype=torch.int64)
@@ -401,20 +421,34 @@ class NeuronRunnerStandIn:
                        self._warmup_metadata(bucket, rows, bucket), torch.tensor([bucket - 1] * rows),
                        torch.tensor([[0, 1.0, 1.0]] * rows), **vision)
         for bucket in self.decode_buckets:
+            if self.num_speculative_tokens:
+                self._warm_up_verify(bucket)
             positions = torch.full((bucket,), WARMUP_CONTEXT_LEN - 1, dtype=torch.int64)
             self._call(torch.ones(bucket, dtype=torch.int32), positions, self._warmup_metadata(bucket, bucket, 1),
                        torch.arange(bucket), torch.tensor([[0, 1.0, 1.0]] * bucket))
         if self.settings.multimodal and hasattr(self.model, "build_vision_synthetic_inputs"):
             runner_vision.warm_up_vision_tower(self.model, self.vision_neuron_config, self.encoder_cache)
 
+    def _warm_up_verify(self, rows: int) -> None:
+        """``_build_decode_synthetic_inputs(spec_decode_enabled=True)``: ``rows * (1 + N)`` ones at
+        position 255, every token's logits, the dummy sampling row replicated per token, and
+        ``_create_warmup_spec_decode_metadata`` (drafts all ones)."""
+        width = 1 + self.num_speculative_tokens
+        tokens = rows * width
+        spec = spec_decode_metadata([[1] * self.num_speculative_tokens] * rows, rows, self.num_speculative_tokens)
+        self._call(torch.ones(tokens, dtype=torch.int32),
+                   torch.full((tokens,), WARMUP_CONTEXT_LEN - 1, dtype=torch.int64),
+                   self._warmup_metadata(tokens, rows, width, decode_token_threshold=width), torch.arange(tokens),
+                   torch.tensor([[0, 1.0, 1.0]] * rows).repeat_interleave(width, 0), spec_decode_metadata=spec)
+
     def _call(self, input_ids, positions, metadata, sampling_positions, sampling_params=None, rotary=None,
-              **vision):
+              spec_decode_metadata=None, **vision):
         """One forward with the runner's keywords (``rotary``: the step's ``[3, T]`` M-RoPE positions;
         warm-up: ``positions`` on all three axes; ``vision``: the prefill vision keywords)."""
         kwargs = dict(input_ids=input_ids, positions=positions, attn_metadata=metadata,
                       sampling_positions=sampling_positions, sampling_params=sampling_params,
-                      spec_decode_metadata=None, rank=self.rank_tensor, logit_mask=self._noop_logit_mask(
-                          sampling_positions.shape[0]))
+                      spec_decode_metadata=spec_decode_metadata, rank=self.rank_tensor,
+                      logit_mask=self._noop_logit_mask(sampling_positions.shape[0]))
         if self.settings.uses_mrope:
             kwargs["rotary_position_ids"] = positions[None].expand(3, -1).contiguous() if rotary is None else rotary
         kwargs.update(vision)
@@ -491,7 +525,7 @@ class NeuronRunnerStandIn:
             self.free_blocks[:0] = blocks
         request.blocks.clear()
 
-    def _metadata(self, num_reqs_padded: int, tokens: list, max_query_len: int) -> dict:
+    def _metadata(self, num_reqs_padded: int, tokens: list, max_query_len: int, decode_token_threshold: int = 1) -> dict:
         """Per-group metadata dicts of a step (``tokens``: ``(row, position)`` or None for padding)."""
         metadata = {}
         cached = max((r.computed for r in self.batch), default=0)
@@ -504,7 +538,7 @@ class NeuronRunnerStandIn:
             device_table = torch.where(device_table == NULL_BLOCK_ID, torch.full_like(device_table, PAD_SLOT_ID),
                                        device_table)
             entry = dict(block_table_tensor=device_table, slot_mapping=slots, max_query_len=max_query_len,
-                         block_size=bs, max_blocks_per_seq=self.widths[g], decode_token_threshold=1,
+                         block_size=bs, max_blocks_per_seq=self.widths[g], decode_token_threshold=decode_token_threshold,
                          cached_seq_len=torch.tensor([[cached]], dtype=torch.int32), kv_segment_size=0,
                          full_block_table_tensor=device_table.clone())
             for name in group.layer_names:
@@ -619,6 +653,83 @@ class NeuronRunnerStandIn:
         return [ids[self.batch.index(r)] for r in requests]
 
 
+    def verify(self, requests: list[Request], drafts: list[list[int]]) -> list[list[int]]:
+        """One speculative decode step: each request's pending token and its N ``drafts``, padded to a
+        decode bucket with full fake requests; per request the ids the step emits (accepted drafts,
+        then the correction or bonus id).
+
+        As ``_prepare_model_input_impl`` builds it with ``scheduled_spec_decode_tokens``: per row
+        1 + N tokens at positions ``computed .. computed + N``, ``max_query_len = 1 + N =
+        decode_token_threshold``; ``_pad_to_compiled_shapes`` pads ids and positions with zeros,
+        ``_apply_decode_slot_mapping_padding`` the slots with ``NULL_BLOCK_ID``;
+        ``sampling_positions`` are ``_build_spec_decode_metadata``'s ``logits_indices`` (every
+        token, the fake rows' own); ``sampling_params`` ``build_sampling_params_tensor`` padded to
+        the rows and replicated per token (``replicate_per_seq_rows``: row-major repetition, read
+        as ``repeat_interleave``: ``spec_decode_utils`` is not in the pin's snapshot). The ids come
+        back ``[rows, 1 + N]``, ``-1`` past the accepted ones (``_parse_rejection_sampling_output``
+        drops those and ids >= vocab_size); the request's computed tokens advance by as many.
+
+        Raises:
+            ValueError: before any work, without speculative decoding or for drafts of another length.
+        """
+        num_drafts = self.num_speculative_tokens
+        if not num_drafts or len(drafts) != len(requests) or any(len(d) != num_drafts for d in drafts):
+            raise ValueError(f"verify step: expected {num_drafts} drafts for each of {len(requests)} requests "
+                             f"(speculative decoding on), got {[len(d) for d in drafts]}")
+        if self.on_device_sampling is False:
+            raise ValueError("verify step: the harness judges drafts on the device only (on-device sampling on)")
+        width = 1 + num_drafts
+        bucket = next(b for b in self.decode_buckets if b >= len(requests))
+        for request in requests:
+            self._ensure_blocks(request, request.computed + width)
+        self._schedule(requests)
+        by_request = {id(r): d for r, d in zip(requests, drafts)}
+        pad = bucket - len(requests)
+        ids, positions, tokens = [], [], []
+        for row, request in enumerate(self.batch):
+            start = request.computed
+            ids += [request.tokens[start]] + by_request[id(request)]
+            positions += list(range(start, start + width))
+            tokens += [(row, p) for p in range(start, start + width)]
+        ids += [0] * (pad * width)
+        positions += [0] * (pad * width)
+        tokens += [None] * (pad * width)
+        spec = spec_decode_metadata([by_request[id(r)] for r in self.batch], bucket, num_drafts)
+        vocab = self.model.config.vocab_size
+        params = sampling_params_tensor([r.sampling for r in self.batch], bucket, vocab).repeat_interleave(width, 0)
+        output = self._call(torch.tensor(ids, dtype=torch.int32), torch.tensor(positions, dtype=torch.int64),
+                            self._metadata(bucket, tokens, width, decode_token_threshold=width),
+                            spec.logits_indices, params, spec_decode_metadata=spec)
+        self.outputs.append((output, [r.sampling for r in self.batch]))
+        rows = output[0].tolist()
+        emitted = {id(r): [t for t in rows[i] if 0 <= t < vocab] for i, r in enumerate(self.batch)}
+        for request in requests:
+            request.computed += len(emitted[id(request)])
+        return [emitted[id(r)] for r in requests]
+
+
+def spec_decode_metadata(drafts: list[list[int]], rows: int, num_drafts: int):
+    """vLLM's ``SpecDecodeMetadata`` as the runner builds it for ``drafts`` (N per request), padded to
+    ``rows`` with fake full-spec requests (``_build_spec_decode_metadata``, synchronous: drafts
+    int32, zeros for the fake rows; their target indices repeat the last real one, their bonus and
+    logits indices are their own positions). With every request's drafts ones it is also
+    ``_create_warmup_spec_decode_metadata``'s (target indices ``r * W + j`` throughout)."""
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    width, real = 1 + num_drafts, len(drafts)
+    target = [r * width + j for r in range(real) for j in range(num_drafts)]
+    target += [target[-1]] * ((rows - real) * num_drafts)
+    flat = [t for d in drafts for t in d] + [0] * ((rows - real) * num_drafts)
+    return SpecDecodeMetadata(
+        draft_token_ids=torch.tensor(flat, dtype=torch.int32),
+        num_draft_tokens=[num_drafts] * rows,
+        cu_num_draft_tokens=torch.arange(1, rows + 1, dtype=torch.int64) * num_drafts,
+        cu_num_sampled_tokens=torch.arange(1, rows + 1, dtype=torch.int64) * width,
+        target_logits_indices=torch.tensor(target, dtype=torch.int64),
+        bonus_logits_indices=torch.arange(1, rows + 1, dtype=torch.int64) * width - 1,
+        logits_indices=torch.arange(rows * width, dtype=torch.int64))
+
+
 def stand_ins_in_use() -> bool:
     """Whether the cache spec classes are the shell's stand-ins (vllm-neuron not importable)."""
     return STAND_INS
@@ -634,9 +745,13 @@ def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals,
     first), each its next chunk up to what is left of the largest prefill bucket, up to
     ``runner.prefill_rows`` of them: with one row, the pinned runner's one prompt (or chunk) per step.
 
+    With speculative decoding (``runner.num_speculative_tokens``) every decode step is a verify
+    step (:meth:`NeuronRunnerStandIn.verify`) whose drafts ``runner.drafter`` proposes from each
+    request's tokens.
+
     Returns:
-        ``(ids per request, the step compositions)``: ``("prefill", ((chunk, context), ...))`` or
-        ``("decode", rows)``.
+        ``(ids per request, the step compositions)``: ``("prefill", ((chunk, context), ...))``,
+        ``("decode", rows)`` or ``("verify", rows)``.
     """
     samplings = samplings or [Sampling() for _ in prompts]
     requests = [Request(list(p), n, s) for p, n, s in zip(prompts, max_new_tokens, samplings)]
@@ -664,6 +779,12 @@ def serve(runner: NeuronRunnerStandIn, prompts, max_new_tokens, arrivals,
         elif running:
             for start in range(0, len(running), largest_batch):
                 batch = running[start:start + largest_batch]
+                if runner.num_speculative_tokens:
+                    steps.append(("verify", len(batch)))
+                    emitted = runner.verify(batch, [runner.drafter(r.tokens) for r in batch])
+                    for request, tokens in zip(batch, emitted):  # vLLM stops a request at max_tokens
+                        request.output += tokens[:request.max_new_tokens - len(request.output)]
+                    continue
                 steps.append(("decode", len(batch)))
                 for request, token in zip(batch, runner.decode(batch)):
                     request.output.append(token)

@@ -36,7 +36,8 @@ def engine_config(settings: dict, dtype: torch.dtype):
                                            multimodal_config=None if limits is None else MultimodalLimits(limits)),
         cache_config=types.SimpleNamespace(enable_prefix_caching=settings.get("enable-prefix-caching", True),
                                            cache_dtype=settings.get("kv-cache-dtype", "auto")),
-        speculative_config=settings.get("speculative-config"),
+        speculative_config=(None if settings.get("speculative-config") is None
+                            else types.SimpleNamespace(**settings["speculative-config"])),
         parallel_config=types.SimpleNamespace(pipeline_parallel_size=settings.get("pipeline-parallel-size", 1)),
     )
 

@@ -96,13 +96,14 @@ def test_quantization_bf16_means_unquantized(dense_config):
 
 
 def _engine(image=0, video=0, multimodal=True, prefix_caching=False, cache_dtype="auto", speculative=None,
-            pipeline=1):
+            pipeline=1, async_scheduling=False, max_num_batched_tokens=2048):
     """A stand-in for vLLM's ``VllmConfig`` with the fields the shell's start-up checks read."""
     limits = {"image": image, "video": video}
     multimodal_config = types.SimpleNamespace(get_limit_per_prompt=limits.__getitem__) if multimodal else None
     return types.SimpleNamespace(
         model_config=types.SimpleNamespace(max_model_len=2048, dtype=torch.float32, multimodal_config=multimodal_config),
-        scheduler_config=types.SimpleNamespace(max_num_seqs=8),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=8, async_scheduling=async_scheduling,
+                                               max_num_batched_tokens=max_num_batched_tokens),
         cache_config=types.SimpleNamespace(enable_prefix_caching=prefix_caching, cache_dtype=cache_dtype),
         speculative_config=speculative,
         parallel_config=types.SimpleNamespace(pipeline_parallel_size=pipeline),
@@ -157,13 +158,62 @@ def test_images_allowed_on_a_checkpoint_without_a_tower_are_refused(dense_config
 @pytest.mark.parametrize(("engine", "message"), [
     (_engine(prefix_caching=True), "enable-prefix-caching is true: .*set enable-prefix-caching: false"),
     (_engine(cache_dtype="fp8"), "kv-cache-dtype must be 'auto' .*got 'fp8': set kv-cache-dtype: auto"),
-    (_engine(speculative=object()), "speculative-config is set: .*remove speculative-config"),
     (_engine(pipeline=2), "pipeline-parallel-size must be 1 .*got 2: set pipeline-parallel-size: 1"),
 ])
 def test_unservable_engine_options_are_refused_by_from_configs(dense_config, current_engine, engine, message):
     current_engine(engine)
     with pytest.raises(ValueError, match=message):
         _build(dense_config, NeuronConfigStandIn())
+
+
+TRAINED_MTP = pathlib.Path(__file__).resolve().parents[2] / "configs" / "trained" / "qwen3_5-tiny-mtp"
+
+
+def _speculative(method="mtp", num_speculative_tokens=1):
+    return types.SimpleNamespace(method=method, num_speculative_tokens=num_speculative_tokens)
+
+
+@pytest.fixture(scope="module")
+def mtp_config():
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(TRAINED_MTP)
+
+
+def test_mtp_speculative_decoding_is_served(mtp_config, current_engine):
+    current_engine(_engine(speculative=_speculative(num_speculative_tokens=3)))
+    _build(mtp_config, NeuronConfigStandIn(num_seqs_buckets=[2, 8]))
+
+
+@pytest.mark.parametrize(("engine", "neuron_config", "message"), [
+    (_engine(speculative=_speculative("eagle3")), {},
+     r"speculative-config method must be one of \['mtp'\]; got 'eagle3' \(the runner's EAGLE3 path needs the "
+     r"target's auxiliary hidden states"),
+    (_engine(speculative=_speculative("ngram")), {}, r"method must be one of \['mtp'\]; got 'ngram'"),
+    (_engine(speculative=_speculative(num_speculative_tokens=0)), {},
+     "num_speculative_tokens must be an integer >= 1; got 0"),
+    (_engine(speculative=_speculative()), {"on_device_sampling_config": None},
+     "speculative-config needs on-device sampling: .*got neuron_config.on_device_sampling_config null"),
+    (_engine(speculative=_speculative(), async_scheduling=True), {},
+     "speculative-config with async-scheduling: .*set async-scheduling: false"),
+    (_engine(speculative=_speculative(num_speculative_tokens=4), max_num_batched_tokens=32), {"num_seqs_buckets": [8]},
+     r"num_speculative_tokens=4: the largest decode bucket's verify step takes \(1 \+ 4\) \* 8 = 40 tokens, more "
+     r"than max_num_batched_tokens=32 holds; expected num_speculative_tokens <= 3"),
+])
+def test_unservable_speculative_configs_are_refused_by_from_configs(mtp_config, current_engine, engine, neuron_config,
+                                                                    message):
+    current_engine(engine)
+    with pytest.raises(ValueError, match=message):
+        _build(mtp_config, NeuronConfigStandIn(**neuron_config))
+
+
+def test_mtp_without_an_mtp_head_is_refused(mtp_config, current_engine):
+    config = copy.deepcopy(mtp_config)
+    config.mtp_num_hidden_layers = 0
+    current_engine(_engine(speculative=_speculative()))
+    with pytest.raises(ValueError, match=r"speculative method 'mtp' needs the checkpoint's MTP head: "
+                                         r"mtp_num_hidden_layers must be one of \(1,\).*got mtp_num_hidden_layers=0"):
+        _build(config, NeuronConfigStandIn())
 
 
 def _checkpoint_without(tmp_path, source, drop=None, reshape=None):

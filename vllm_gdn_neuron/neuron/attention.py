@@ -5,7 +5,8 @@ B = block size), with the runner's two reserved pages at the end (:mod:`.contrac
 
 A step is either a prefill bucket of T tokens holding the prompts (or prompt chunks) of R
 block-table rows end to end (:mod:`.packing`; the pinned runner sends one, R = 1), or R
-decode rows of one token each; the runner's ``block_table_tensor [R, max_blocks]`` names
+decode rows of W tokens each (one; a speculative verify step's last token and N drafts,
+W = 1 + N, :mod:`.spec_decode`); the runner's ``block_table_tensor [R, max_blocks]`` names
 each request's pages. Every token attends to
 
 - the request's cached tokens before this step (positions ``< first position of the
@@ -87,7 +88,8 @@ class NeuronGatedAttention(GatedAttentionMath):
                 image tokens and the tokens after an image).
             hidden: ``[T, H]``.
             metadata: this layer's ``attn_metadata`` entry.
-            is_decode: one token per block-table row (else the rows' prompts packed end to end).
+            is_decode: one token per block-table row, or a verify step's 1 + N (else the rows'
+                prompts packed end to end).
 
         Returns:
             ``[T, H]`` (summed over tensor-parallel ranks).
@@ -121,19 +123,24 @@ class NeuronGatedAttention(GatedAttentionMath):
         positions = positions.to(torch.int64)
         block_table = metadata["block_table_tensor"]
         rows = block_table.shape[0]
+        width = tokens // rows  # decode: 1 token per row, or a verify step's 1 + N
         if is_decode:
-            row_live, first_position = live[:rows], positions[:rows]
+            row_live, first_position = live.view(rows, width)[:, 0], positions.view(rows, width)[:, 0]
         else:
             packed = prefill_rows(metadata, positions)
             row_live, first_position = packed.lengths > 0, packed.first_position
         k_ctx, v_ctx, seen = self._gather_context(pages, block_table, row_live, first_position)
         arange = torch.arange(tokens, device=q.device)
         q = q.view(tokens, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
-        if is_decode:  # row r: its context, then its own token
-            keys = torch.cat([k_ctx, k[:, :, None, :].to(k_ctx.dtype)], dim=2).to(q.dtype)
-            values = torch.cat([v_ctx, v[:, :, None, :].to(v_ctx.dtype)], dim=2).to(q.dtype)
-            visible = torch.cat([seen, torch.ones(tokens, 1, dtype=torch.bool, device=q.device)], dim=1)
-            scores = torch.einsum("tkgd,tkcd->tkgc", q, keys)
+        if is_decode:  # row r's token w: its context, then the row's own tokens up to w
+            own_k, own_v = (x.view(rows, width, self.num_kv_heads, self.head_dim).transpose(1, 2).to(k_ctx.dtype)
+                            for x in (k, v))
+            keys = torch.cat([k_ctx, own_k], dim=2).to(q.dtype)
+            values = torch.cat([v_ctx, own_v], dim=2).to(q.dtype)
+            own = torch.ones(width, width, dtype=torch.bool, device=q.device).tril()
+            visible = torch.cat([seen[:, None, :].expand(rows, width, seen.shape[1]), own[None].expand(rows, -1, -1)],
+                                dim=2).reshape(tokens, -1)
+            scores = torch.einsum("rwkgd,rkcd->rwkgc", q.view(rows, width, *q.shape[1:]), keys).flatten(0, 1)
         else:  # every row's context (its own visible), then the step's tokens of its row up to it
             context = k_ctx.shape[2]
             keys = torch.cat([k_ctx.transpose(0, 1).reshape(self.num_kv_heads, rows * context, -1),
@@ -150,7 +157,7 @@ class NeuronGatedAttention(GatedAttentionMath):
         scores = (scores * self.scaling).masked_fill(~visible[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         if is_decode:
-            out = torch.einsum("tkgc,tkcd->tkgd", probs, values)
+            out = torch.einsum("rwkgc,rkcd->rwkgd", probs.view(rows, width, *probs.shape[1:]), values)
         else:
             out = torch.einsum("tkgc,kcd->tkgd", probs, values)
         return out.reshape(tokens, self.num_heads * self.head_dim)

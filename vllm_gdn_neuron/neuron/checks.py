@@ -14,6 +14,7 @@ import logging
 from vllm_gdn_neuron.kernels.gdn_cte import MAX_HEAD_DIM
 from vllm_gdn_neuron.layers.attention import check_attention_heads
 from vllm_gdn_neuron.layers.dims import check_layer_types
+from vllm_gdn_neuron.layers.mtp import check_mtp_config
 from vllm_gdn_neuron.layers.rotary import check_rope_parameters
 from vllm_gdn_neuron.neuron.vision_tower import check_vision_layout
 
@@ -131,6 +132,70 @@ def check_sampling_config(sampling_config) -> None:
         raise ValueError(f"{name}.capture_topk must be false (the shell's sampler captures no tensors); got True")
 
 
+# The speculative methods whose drafts the shell verifies (vLLM names every model's MTP head "mtp").
+SERVED_SPEC_METHODS = ("mtp",)
+
+
+def check_speculative_config(speculative_config, neuron_config, text_config, *, async_scheduling: bool,
+                             max_num_seqs: int | None, max_num_batched_tokens: int | None) -> None:
+    """Refuse a ``speculative-config`` whose verify steps the shell cannot serve (:mod:`.spec_decode`).
+
+    Served: ``method: "mtp"`` on a checkpoint with its MTP head, ``num_speculative_tokens`` N >= 1,
+    on-device sampling on (the drafts are judged in the step's graph, the GatedDeltaNet state
+    kept at the last accepted token), synchronous scheduling, and decode buckets whose
+    ``(1 + N) * rows`` tokens fit the runner's ``max_num_batched_tokens`` (its slot-mapping
+    buffer; the runner raises it to the largest prefill bucket). Which drafter proposes the
+    tokens is the runner's: the pinned one builds none for ``mtp`` (``docs/neuron-mtp.md``).
+
+    Args:
+        speculative_config: vLLM's ``SpeculativeConfig`` or None.
+        neuron_config: vllm-neuron's ``NeuronConfig`` or None.
+        text_config: the checkpoint's text config (its MTP head).
+        async_scheduling: the engine's ``async-scheduling``.
+        max_num_seqs, max_num_batched_tokens: the engine's limits (None where unknown).
+
+    Raises:
+        ValueError: naming the setting, what is served and what was given.
+    """
+    if speculative_config is None:
+        return
+    method = getattr(speculative_config, "method", None)
+    if method not in SERVED_SPEC_METHODS:
+        reason = {"eagle3": "the runner's EAGLE3 path needs the target's auxiliary hidden states "
+                            "(SupportsEagle3), which this model does not return",
+                  "ngram": "the pinned runner builds a drafter for eagle3 only"}.get(
+            method, "the shell verifies the drafts of the checkpoint's own MTP head only")
+        raise ValueError(f"speculative-config method must be one of {list(SERVED_SPEC_METHODS)}; got {method!r} "
+                         f"({reason}): set {{\"method\": \"mtp\"}} or remove speculative-config")
+    check_mtp_config(text_config)
+    num_drafts = getattr(speculative_config, "num_speculative_tokens", None)
+    if not isinstance(num_drafts, int) or isinstance(num_drafts, bool) or num_drafts < 1:
+        raise ValueError(f"speculative-config num_speculative_tokens must be an integer >= 1; got {num_drafts!r}")
+    if neuron_config is not None and getattr(neuron_config, "on_device_sampling_config", None) is None:
+        raise ValueError(
+            "speculative-config needs on-device sampling: the drafts are judged in the verify step's graph, where "
+            "each GatedDeltaNet state is kept at the last accepted token (the runner passes the model no "
+            "acceptance); got neuron_config.on_device_sampling_config null: remove that key"
+        )
+    if async_scheduling:
+        raise ValueError(
+            "speculative-config with async-scheduling: the runner then advances positions as if every draft were "
+            "accepted and corrects them inside a model decorated for it (async_speculative_decoding), which this "
+            "model is not; set async-scheduling: false (--no-async-scheduling)"
+        )
+    seq_buckets = getattr(neuron_config, "num_seqs_buckets", None) if neuron_config is not None else None
+    rows = max(seq_buckets) if seq_buckets else max_num_seqs
+    token_buckets = getattr(neuron_config, "num_batched_tokens_buckets", None) if neuron_config is not None else None
+    limit = max([v for v in (max_num_batched_tokens, *(token_buckets or ())) if v is not None], default=None)
+    if rows is not None and limit is not None and (1 + num_drafts) * rows > limit:
+        raise ValueError(
+            f"speculative-config num_speculative_tokens={num_drafts}: the largest decode bucket's verify step takes "
+            f"(1 + {num_drafts}) * {rows} = {(1 + num_drafts) * rows} tokens, more than max_num_batched_tokens="
+            f"{limit} holds; expected num_speculative_tokens <= {limit // rows - 1}, or raise max-num-batched-tokens "
+            f"or lower neuron_config.num_seqs_buckets"
+        )
+
+
 def _check_buckets(name: str, buckets, limit: int | None, limit_name: str) -> None:
     if buckets is None:
         return
@@ -205,10 +270,6 @@ def check_engine_config(vllm_config) -> None:
         raise ValueError(
             f"kv-cache-dtype must be 'auto' (the KV cache is kept in the model dtype); got {cache_dtype!r}: "
             "set kv-cache-dtype: auto"
-        )
-    if vllm_config.speculative_config is not None:
-        raise ValueError(
-            "speculative-config is set: the Neuron shell does not verify draft tokens; remove speculative-config"
         )
     pipeline = vllm_config.parallel_config.pipeline_parallel_size
     if pipeline != 1:

@@ -3,9 +3,16 @@
 Per step and layer (:func:`build_gdn_step`; layers of different vLLM cache groups have
 different block tables), from the layer's metadata: the page of each request is
 ``block_table_tensor[:, 0]`` (the recurrent group's block size is ``max_model_len``: one
-block per sequence). A decode row is live when its token has ``slot_mapping > 0``; a prefill
-row when it has tokens (:func:`.packing.prefill_rows`: any number of requests packed end to
-end in the bucket); either only where its page lies below the reserved pages. Live requests
+block per sequence). A decode row is live when its (first) token has ``slot_mapping > 0``; a
+prefill row when it has tokens (:func:`.packing.prefill_rows`: any number of requests packed
+end to end in the bucket); either only where its page lies below the reserved pages.
+
+A verify step (speculative decoding, :mod:`.spec_decode`) is a decode step of W = 1 + N
+tokens per row: the row's last token and its N drafts. The runner's recurrent group gives a
+request one page, so the W states after each token are kept in a scratch of W pages per row
+(``ops.paged_*_verify``), and the layer hands them to the model unwritten
+(:class:`PendingStates`): which one the page keeps is known only once the step's ids are
+sampled and compared with the drafts, at the end of the graph. Live requests
 read and write their page; padding rows read the zero page and write the sink
 (:mod:`.contract`). A prefill sequence starts from zeros when its first position is 0, else
 from its page (a chunk continuing a cached prompt).
@@ -44,10 +51,35 @@ class NeuronGDNStep:
     write_pages: torch.Tensor
     decode: "ops.DecodeStep | None"
     prefill: "ops.PrefillStep | None"
+    verify: "ops.VerifyStep | None" = None
 
 
-def build_gdn_step(metadata: dict, positions: torch.Tensor, num_pages: int, is_decode: bool) -> NeuronGDNStep:
-    """Static-shape metadata of a decode step (R rows, one token each) or a prefill step (R rows packed).
+@dataclass
+class PendingStates:
+    """One GDN layer's states after each token of a verify step, not yet written.
+
+    Attributes:
+        layer: the :class:`NeuronGatedDeltaNet` whose pages take them.
+        write_pages: ``[R]`` int64 page of each row (the sink for padding rows).
+        states: ``[R, W, E]`` float32 whole page rows: the state after the row's token w.
+    """
+
+    layer: "NeuronGatedDeltaNet"
+    write_pages: torch.Tensor
+    states: torch.Tensor
+
+    def commit(self, kept: torch.Tensor) -> None:
+        """Write the state after token ``kept[r]`` (``[R]`` int64, in ``[0, W)``) of each row to its page."""
+        num_rows, width, page_elems = self.states.shape
+        flat = torch.arange(num_rows, device=kept.device) * width + kept
+        chosen = self.states.reshape(num_rows * width, page_elems).index_select(0, flat)
+        self.layer.state_pages.view().index_copy_(0, self.write_pages, chosen)
+
+
+def build_gdn_step(metadata: dict, positions: torch.Tensor, num_pages: int, is_decode: bool,
+                   width: int = 1) -> NeuronGDNStep:
+    """Static-shape metadata of a decode step (R rows of ``width`` tokens each: one, or a verify
+    step's 1 + N) or a prefill step (R rows packed).
 
     Args:
         metadata: one GDN layer's ``attn_metadata`` entry (``block_table_tensor``, ``slot_mapping``,
@@ -55,14 +87,15 @@ def build_gdn_step(metadata: dict, positions: torch.Tensor, num_pages: int, is_d
         positions: ``[T]`` token positions.
         num_pages: pages of the bound state view (reserved pages included).
         is_decode: the step's path (``max_query_len <= decode_token_threshold``).
+        width: tokens per decode row (a Python int: ``T // R``; above 1 only in a verify step).
     """
     zero_page, sink = reserved_pages(num_pages)
     slot_mapping = metadata["slot_mapping"]
     block_table = metadata["block_table_tensor"]
-    rows = slot_mapping.shape[0] if is_decode else block_table.shape[0]
+    rows = slot_mapping.shape[0] // width if is_decode else block_table.shape[0]
     pages = block_table[:rows, 0].to(torch.int64)
     if is_decode:
-        has_tokens = slot_mapping[:rows] > 0
+        has_tokens = slot_mapping.view(rows, width)[:, 0] > 0
     else:
         packed = prefill_rows(metadata, positions)
         has_tokens = packed.lengths > 0
@@ -70,6 +103,13 @@ def build_gdn_step(metadata: dict, positions: torch.Tensor, num_pages: int, is_d
     read = torch.where(live, pages, zero_page)
     write = torch.where(live, pages, sink)
     local = torch.arange(rows, dtype=torch.int64, device=pages.device)
+    if is_decode and width > 1:
+        # Scratch page r * W + w takes the state after row r's token w; the row's state is read
+        # from r * W (every scratch page of the row starts as a copy of it), the last page is padding.
+        scratch = local[:, None] * width + torch.arange(width, device=pages.device)[None, :]
+        bounds = torch.arange(rows + 1, dtype=torch.int64, device=pages.device) * width
+        verify = ops.VerifyStep.build(bounds, scratch, torch.ones_like(local), rows * width, rows * width)
+        return NeuronGDNStep(read, write, None, None, verify)
     if is_decode:
         return NeuronGDNStep(read, write, ops.DecodeStep.build(local), None)
     prefill = ops.PrefillStep.build(packed.query_start_loc, local, packed.first_position > 0, slot_mapping.shape[0])
@@ -133,28 +173,42 @@ class NeuronGatedDeltaNet(nn.Module):
         """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.neuron.cache.bind_allocations`)."""
         self.state_pages = pages
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool):
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool,
+                width: int = 1, pending: list | None = None):
         """Mix one step's tokens.
 
         Args:
             positions: ``[T]`` token positions.
             hidden: ``[T, H]`` in the model dtype.
             metadata: this layer's ``attn_metadata`` entry.
-            is_decode: one token per block-table row (else the rows' prompts packed end to end).
+            is_decode: ``width`` tokens per block-table row (else the rows' prompts packed end to end).
+            width: tokens per decode row: 1, or 1 + N in a verify step.
+            pending: a verify step's list that takes this layer's :class:`PendingStates`
+                (the pages are written by the model once the drafts are judged).
 
         Returns:
             ``[T, H]`` (summed over tensor-parallel ranks).
         """
         tokens = hidden.shape[0]
         state_pages = self.state_pages.view()
-        step = build_gdn_step(metadata, positions, state_pages.shape[0], is_decode)
+        page_elems = state_pages.shape[1]
+        step = build_gdn_step(metadata, positions, state_pages.shape[0], is_decode, width)
         rows = state_pages.index_select(0, step.read_pages)
+        if step.verify is not None:  # every scratch page of a row starts from its state; one pad page
+            rows = torch.cat([rows.repeat_interleave(width, 0), rows.new_zeros(1, page_elems)])
         conv, ssm = self.layout.split(rows)
         caches = GDNCaches(conv=conv, ssm=ssm)
         core = gdn_mix(self.dims, self.in_proj_qkv(hidden), self.in_proj_a(hidden), self.in_proj_b(hidden),
                        self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill,
-                       paged_ops=self.paged_ops)
-        state_pages.index_copy_(0, step.write_pages, self.layout.join(caches.conv, caches.ssm, state_pages.shape[1]))
+                       verify=step.verify, paged_ops=self.paged_ops)
+        states = self.layout.join(caches.conv, caches.ssm, page_elems)
+        if step.verify is not None:
+            if pending is None:
+                raise ValueError(f"{self.layer_name}: a verify step needs the model's pending-states list")
+            num_rows = step.read_pages.shape[0]
+            pending.append(PendingStates(self, step.write_pages, states[:-1].view(num_rows, width, page_elems)))
+        else:
+            state_pages.index_copy_(0, step.write_pages, states)
         z = self.in_proj_z(hidden).view(tokens, self.dims.num_v_heads, self.dims.head_v_dim)
         out = self.norm(core, z).reshape(tokens, self.dims.value_dim)
         return self.tp_group.all_reduce(self.out_proj(out))

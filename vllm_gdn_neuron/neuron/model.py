@@ -33,14 +33,15 @@ from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
 from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, bind_allocations
-from vllm_gdn_neuron.neuron.checks import (check_engine_config, check_neuron_config, check_text_config,
-                                           check_vision_neuron_config)
+from vllm_gdn_neuron.neuron.checks import (check_engine_config, check_neuron_config, check_speculative_config,
+                                           check_text_config, check_vision_neuron_config)
 from vllm_gdn_neuron.neuron.gdn import NeuronGatedDeltaNet
 from vllm_gdn_neuron.neuron.kv_spec import KVSpec
 from vllm_gdn_neuron.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
 from vllm_gdn_neuron.neuron.mrope import mrope_input_positions
 from vllm_gdn_neuron.neuron.parallel import current_tp_group
 from vllm_gdn_neuron.neuron.sampling import OnDeviceSampler
+from vllm_gdn_neuron.neuron.spec_decode import commit_states, judge_drafts, verify_width
 from vllm_gdn_neuron.neuron.static_graphs import require_static_graphs
 from vllm_gdn_neuron.neuron.weights import load_checkpoint
 from vllm_gdn_neuron.neuron.vision import check_vision_inputs, merge_vision_embeddings
@@ -78,12 +79,17 @@ def engine_limits(vllm_config) -> dict:
 
     Keys: ``max_model_len``, ``max_num_seqs``, ``dtype``, ``image_limit`` /
     ``video_limit`` (``limit-mm-per-prompt``; 0 when the model takes no multimodal input)
-    and ``seed`` (``--seed``, the on-device sampler's key).
+    ``seed`` (``--seed``, the on-device sampler's key), ``max_num_batched_tokens`` and
+    ``async_scheduling``.
     """
-    limits = dict(max_model_len=None, max_num_seqs=None, dtype=None, image_limit=None, video_limit=None, seed=None)
+    limits = dict(max_model_len=None, max_num_seqs=None, dtype=None, image_limit=None, video_limit=None, seed=None,
+                  max_num_batched_tokens=None, async_scheduling=False)
     if vllm_config is None:
         return limits
-    limits["max_num_seqs"] = vllm_config.scheduler_config.max_num_seqs
+    scheduler = vllm_config.scheduler_config
+    limits.update(max_num_seqs=scheduler.max_num_seqs,
+                  max_num_batched_tokens=getattr(scheduler, "max_num_batched_tokens", None),
+                  async_scheduling=bool(getattr(scheduler, "async_scheduling", False)))
     model_config = vllm_config.model_config
     if model_config is None:
         return limits
@@ -121,7 +127,7 @@ class NeuronDecoderLayer(nn.Module):
     def mixer(self):
         return self.linear_attn if self.is_linear else self.self_attn
 
-    def forward(self, positions, rope_positions, hidden, residual, attn_metadata, is_decode):
+    def forward(self, positions, rope_positions, hidden, residual, attn_metadata, is_decode, width=1, pending=None):
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
@@ -130,7 +136,7 @@ class NeuronDecoderLayer(nn.Module):
         if name not in attn_metadata:
             raise ValueError(f"attn_metadata has no entry for layer {name!r}: the step cannot advance its cache")
         if self.is_linear:
-            hidden = self.linear_attn(positions, hidden, attn_metadata[name], is_decode)
+            hidden = self.linear_attn(positions, hidden, attn_metadata[name], is_decode, width, pending)
         else:
             hidden = self.self_attn(positions, hidden, attn_metadata[name], is_decode, rope_positions)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
@@ -177,6 +183,9 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         limits = engine_limits(vllm_config)
         check_engine_config(vllm_config)
         check_neuron_config(neuron_config, config, limits["max_model_len"], limits["max_num_seqs"])
+        check_speculative_config(getattr(vllm_config, "speculative_config", None), neuron_config, config,
+                                 async_scheduling=limits["async_scheduling"], max_num_seqs=limits["max_num_seqs"],
+                                 max_num_batched_tokens=limits["max_num_batched_tokens"])
         self.config = config
         self.spatial_merge_size = getattr(getattr(hf_config, "vision_config", None), "spatial_merge_size", 1)
         self.uses_mrope = "mrope_section" in (config.rope_parameters or {})
@@ -311,7 +320,10 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             sampling_params: with on-device sampling, ``[R, 3]`` float32 ``[top_k, top_p,
                 temperature]`` rows (:mod:`.sampling`); unused (the runner passes None) without.
             rank: accepted, not used (every rank samples the all-gathered logits).
-            spec_decode_metadata: must be None (no speculative decoding).
+            spec_decode_metadata: None, or on a verify step (decode, W = 1 + N tokens per row:
+                the last token, then N drafts) vLLM's ``SpecDecodeMetadata`` of the runner; only
+                ``draft_token_ids [R * N]`` int32 is read (:mod:`.spec_decode`). Needs on-device
+                sampling.
             logit_mask: ``[R, V]`` bool, True where a token is allowed, or None. The runner
                 passes an all-True mask when ``neuron_config.enable_structured_outputs`` is
                 set (the grammar itself is applied to the returned logits on the host);
@@ -335,15 +347,24 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         Returns:
             ``[R, V]`` logits in the model dtype; with on-device sampling ``(ids, logits)``:
             ``[R]`` int32 token ids and the logits when the runner may read them for logprobs
-            (``neuron_config.max_logprobs != 0``), else None.
+            (``neuron_config.max_logprobs != 0``), else None. A verify step returns ids
+            ``[rows, W]`` int32 instead: each row's ids up to its first rejected draft's
+            correction (or the bonus id), ``-1`` after.
         """
-        if spec_decode_metadata is not None:
-            raise ValueError("spec_decode_metadata must be None: this model does not verify draft tokens")
-        if self.sampler is not None:
-            self.sampler.check(sampling_params, sampling_positions.shape[0])
         layers = self.model.layers
         first = attn_metadata[layers[0].mixer.layer_name]
         is_decode = first["max_query_len"] <= first["decode_token_threshold"]
+        width = 1
+        if is_decode:
+            width = verify_width(input_ids.shape[0], first["block_table_tensor"].shape[0], spec_decode_metadata)
+        elif spec_decode_metadata is not None:
+            raise ValueError("spec_decode_metadata must be None on a prefill step (max_query_len "
+                             f"{first['max_query_len']} > decode_token_threshold {first['decode_token_threshold']})")
+        if width > 1 and self.sampler is None:
+            raise ValueError("spec_decode_metadata needs on-device sampling: the drafts are judged in the step's "
+                             "graph (set neuron_config.on_device_sampling_config)")
+        if self.sampler is not None:
+            self.sampler.check(sampling_params, sampling_positions.shape[0])
         hidden = self._input_embeddings(input_ids, inputs_embeds, is_token_ids)
         if vision_embedding_blocks is not None or vision_positions is not None:
             check_vision_inputs(vision_embedding_blocks, vision_positions, hidden.shape[0], hidden.shape[1], is_decode)
@@ -351,8 +372,10 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         rope_positions = (positions if rotary_position_ids is None
                           else self._rope_positions(rotary_position_ids, positions.shape[0]))
         residual = None
+        pending = [] if width > 1 else None  # a verify step's GDN states, written once the drafts are judged
         for layer in layers:
-            hidden, residual = layer(positions, rope_positions, hidden, residual, attn_metadata, is_decode)
+            hidden, residual = layer(positions, rope_positions, hidden, residual, attn_metadata, is_decode, width,
+                                     pending)
         hidden, _ = self.model.norm(hidden, residual)
         logits = self.lm_head(hidden.index_select(0, sampling_positions.to(torch.int64)))
         if self.vocab_shards > 1:
@@ -360,7 +383,11 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         logits = logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
         if self.sampler is None:
             return logits
-        return self.sampler(logits, sampling_params), (logits if self.returns_logits else None)
+        ids = self.sampler(logits, sampling_params)
+        if width > 1:
+            ids, kept = judge_drafts(ids, spec_decode_metadata.draft_token_ids, width)
+            commit_states(pending, kept)
+        return ids, (logits if self.returns_logits else None)
 
     def _input_embeddings(self, input_ids, inputs_embeds, is_token_ids) -> torch.Tensor:
         """``[T, H]``: the embedding of each id, or the prompt embedding where ``is_token_ids`` is False."""
