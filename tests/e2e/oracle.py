@@ -23,8 +23,14 @@ prompts must be at most ``MAX_BF16_ERROR_RATIO`` (1.5) times the median of trans
 own bf16 errors: a backend may round differently from transformers, but not by more than
 bf16 itself does. Unlike the greedy rule it does not end at the first near-tie, and it
 holds the logprobs of every step, not only their arg max.
+
+Sampled tokens (``chi2_homogeneity``): two samples of one generated position's tokens (say
+with and without speculative decoding, independent seeds) are drawn from one distribution
+unless Pearson's chi-square homogeneity test over their token counts (rare tokens pooled)
+says otherwise at the caller's false-alarm rate.
 """
 
+import collections
 import concurrent.futures
 import functools
 import gc
@@ -202,3 +208,39 @@ def assert_logprob_error_ratio(got: list[torch.Tensor], forced: list[tuple[torch
         f"vLLM {[round(e, 4) for e in ours]}, transformers {[round(e, 4) for e in theirs]}); at most {max_ratio}x allowed"
     )
     return ratio
+
+
+def chi2_homogeneity(a: list[int], b: list[int], min_count: int = 10) -> tuple[float, int]:
+    """(p-value, degrees of freedom) of Pearson's chi-square test that the values ``a`` and ``b``
+    are drawn from one distribution (two independent, non-empty samples).
+
+    A value seen at least ``min_count`` times in both samples together has a bin of its own
+    (with samples of equal size, an expected count of at least ``min_count / 2`` in each);
+    the rarer values share one bin, itself folded into the smallest bin when it stays under
+    ``min_count``. The bins depend on the pooled counts only, never on which sample a value
+    came from, so the test keeps its size. One bin (dof 0) tests nothing: p = 1.
+    """
+    if not a or not b:
+        raise ValueError(f"a and b must be non-empty samples; got {len(a)} and {len(b)} values")
+    count_a, count_b = collections.Counter(a), collections.Counter(b)
+    pooled = count_a + count_b
+    rare = [v for v in pooled if pooled[v] < min_count]
+    bins = [[count_a[v], count_b[v]] for v in sorted(pooled) if pooled[v] >= min_count]
+    rest = [sum(count_a[v] for v in rare), sum(count_b[v] for v in rare)]
+    if sum(rest) >= min_count or not bins:
+        bins.append(rest)
+    elif rare:
+        smallest = min(bins, key=sum)
+        smallest[0] += rest[0]
+        smallest[1] += rest[1]
+    dof = len(bins) - 1
+    if dof == 0:
+        return 1.0, 0
+    size_a, size_b = len(a), len(b)
+    statistic = 0.0
+    for n_a, n_b in bins:
+        share = (n_a + n_b) / (size_a + size_b)
+        statistic += (n_a - share * size_a) ** 2 / (share * size_a) + (n_b - share * size_b) ** 2 / (share * size_b)
+    p = torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                torch.tensor(statistic / 2, dtype=torch.float64))
+    return float(p), dof

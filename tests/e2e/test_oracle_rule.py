@@ -1,10 +1,12 @@
-"""The comparison rules of ``oracle`` on hand-made numbers: greedy ids (``assert_greedy_matches``)
-and the bf16 logprob error ratio (``assert_logprob_error_ratio``)."""
+"""The comparison rules of ``oracle`` on hand-made numbers: greedy ids (``assert_greedy_matches``),
+the bf16 logprob error ratio (``assert_logprob_error_ratio``) and the chi-square homogeneity
+test of sampled tokens (``chi2_homogeneity``: its value on a hand-computed table, its false-alarm
+rate on samples of one distribution, its power on two)."""
 
 import pytest
 import torch
 
-from oracle import assert_greedy_matches, assert_logprob_error_ratio, bf16_ulp, logprob_error
+from oracle import assert_greedy_matches, assert_logprob_error_ratio, bf16_ulp, chi2_homogeneity, logprob_error
 
 
 def _logits(top: float, runner_up: float, vocab: int = 6) -> torch.Tensor:
@@ -65,3 +67,38 @@ def test_error_ratio_rule_needs_one_table_per_prompt():
     forced = _forced([[[-1.0]]], [[[0.1]]])
     with pytest.raises(ValueError, match=r"one table per prompt of forced \(1\); got 2"):
         assert_logprob_error_ratio([torch.tensor([[-1.0]])] * 2, forced)
+
+
+def test_chi2_homogeneity_on_a_hand_computed_table():
+    # Bins 0 (30 + 10), 1 (10 + 30) and the rare values 2..7 pooled (6 + 6), 46 values per
+    # sample: expected 20, 20, 6 in each; chi-square 4 * 10^2 / 20 = 20 on 2 dof: p = exp(-10).
+    a = [0] * 30 + [1] * 10 + [2, 3, 4, 5, 6, 7]
+    b = [0] * 10 + [1] * 30 + [2, 2, 5, 5, 6, 6]
+    p, dof = chi2_homogeneity(a, b)
+    assert dof == 2
+    assert p == pytest.approx(torch.exp(torch.tensor(-10.0, dtype=torch.float64)).item(), rel=1e-9)
+    assert chi2_homogeneity(a, a) == (1.0, 2)
+    # Rare values under 10 together join the smallest bin: 2 bins left.
+    assert chi2_homogeneity(a[:41], b[:41])[1] == 1
+    assert chi2_homogeneity([7] * 5, [7] * 5) == (1.0, 0)  # one bin: nothing to test
+    with pytest.raises(ValueError, match="non-empty"):
+        chi2_homogeneity([], a)
+
+
+def _categorical(logits: torch.Tensor, n: int, gen: torch.Generator) -> list[int]:
+    return torch.multinomial(torch.softmax(logits, 0), n, replacement=True, generator=gen).tolist()
+
+
+def test_chi2_homogeneity_keeps_its_false_alarm_rate_and_sees_a_wrong_temperature():
+    """A skewed 512-token distribution with a long tail of rare tokens (as the tiny models
+    sample at temperature 0.7): over 400 pairs of samples of it, the 5% test fails about 5% of
+    them; against the same logits at temperature 1 it fails nearly every pair."""
+    gen = torch.Generator().manual_seed(0)
+    logits = 3.0 * torch.randn(512, generator=gen)
+    pairs = 400
+    alarms = sum(chi2_homogeneity(_categorical(logits / 0.7, 1200, gen), _categorical(logits / 0.7, 1200, gen))[0]
+                 < 0.05 for _ in range(pairs))
+    assert 0.02 * pairs <= alarms <= 0.09 * pairs, alarms
+    caught = sum(chi2_homogeneity(_categorical(logits / 0.7, 1200, gen), _categorical(logits, 1200, gen))[0]
+                 < 1e-4 for _ in range(20))
+    assert caught >= 19, caught

@@ -33,6 +33,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsMRoPE, SupportsMultiModal
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import MultiModalFeatureSpec
+from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from vllm_gdn_neuron.layers.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
@@ -40,6 +41,7 @@ from vllm_gdn_neuron.layers.dims import is_sparse_layer
 from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.layers.vision import VisionTower, mrope_positions, token_runs, vision_grid_inputs
+from vllm_gdn_neuron.models import cpu_rejection_sampler
 from vllm_gdn_neuron.models.attention import GatedAttention
 from vllm_gdn_neuron.models.gated_deltanet import GatedDeltaNet
 from vllm_gdn_neuron.models.mlp import SparseMoE, SwiGLUMLP
@@ -214,11 +216,16 @@ class Qwen3_5ForCausalLM(WithLMHead, HasInnerState, IsHybrid):
     """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
 
     The same class serves the MoE variant (sparse layers come from the config) and,
-    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections.
+    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections. With
+    speculative decoding on vLLM's CPU platform it installs the rejection sampler's expand
+    kernel of :mod:`cpu_rejection_sampler` (vLLM 0.32's CPU shim leaves the per-draft
+    temperatures unwritten, so sampled drafts were judged at a garbage temperature).
     """
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config, HybridModel(vllm_config, prefix="model"))
+        if vllm_config.speculative_config is not None and current_platform.is_cpu():
+            cpu_rejection_sampler.install()
 
     def forward(
         self,
