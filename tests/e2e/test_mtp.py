@@ -2,14 +2,22 @@
 
 fp32, greedy: the ids with the MTP drafter equal the ids without it, exactly, for 1, 2 and 3
 speculative tokens, one request alone and 24 at once of 1..300 prompt tokens (chunked
-prefill at ``max_num_batched_tokens=128``, steps mixing verify rows with prefills). The tiny models' random MTP heads draft tokens the target rejects almost
-everywhere; ``qwen3_5-dense-mtp-repeat`` (a head that drafts its input token again) gets
-drafts accepted, so steps keep more than one token. Every other checkpoint layout loads its head (MoE, Qwen3-Next,
-both vision-language layouts) and greedy ids equal transformers' without a drafter; the
-head's output on the first drafting step of a 40-token prompt equals the same head
-composed from transformers' modules (its full-attention decoder layer, RMSNorms and
-Linear) on the same inputs. Speculative decoding with prefix caching, and ``mtp`` on a
-checkpoint without an MTP head, are refused with a message naming the setting.
+prefill at ``max_num_batched_tokens=128``, steps mixing verify rows with prefills). The tiny
+models' random MTP heads draft tokens the target rejects almost everywhere;
+``qwen3_5-dense-mtp-repeat`` (a head that drafts its input token again) gets drafts accepted,
+so steps keep more than one token; with it, 16 sequences of ~120 tokens on a 2 MiB KV + state
+cache make the scheduler preempt running sequences and hand their state slots to others
+(the preemption counter is asserted), and the ids still equal those without a drafter.
+bf16 (repeat head, 3 speculative tokens): greedy ids equal transformers' bf16 ids up to the
+first near-tie (``oracle``'s rule). Seeded sampling (the trained checkpoint and its own head,
+3 speculative tokens, most drafts accepted; temperature 0.7): at each of 4 generated
+positions, 1200 draws with the drafter and 1200 without (disjoint seeds) pass a chi-square
+homogeneity test, all positions together at a false-alarm rate of 1e-4. Every other checkpoint
+layout loads its head (MoE, Qwen3-Next, both vision-language layouts) and greedy ids equal
+transformers' without a drafter; the head's output on the first drafting step of a 40-token
+prompt equals the same head composed from transformers' modules (its full-attention decoder
+layer, RMSNorms and Linear) on the same inputs. Speculative decoding with prefix caching, and
+``mtp`` on a checkpoint without an MTP head, are refused with a message naming the setting.
 """
 
 import json
@@ -21,7 +29,7 @@ import torch
 
 import build_tiny_models as builder
 from conftest import engine
-from oracle import hf_greedy
+from oracle import assert_greedy_matches, chi2_homogeneity, hf_greedy
 
 MAX_NEW_TOKENS = 12
 LENGTHS = (1, 2, 5, 17, 40, 90, 130, 300)
@@ -57,23 +65,29 @@ def _accepted_per_position(llm) -> list[int]:
     return [sum(v) for v in zip(*vectors)] if vectors else []
 
 
+def _stats(llm) -> dict:
+    return {
+        "drafts": _counter(llm, "vllm:spec_decode_num_draft_tokens"),
+        "accepted": _counter(llm, "vllm:spec_decode_num_accepted_tokens"),
+        "per_position": _accepted_per_position(llm),
+        "preemptions": _counter(llm, "vllm:num_preemptions"),
+    }
+
+
+# Enough sequences that each crosses into a new 128-token KV block while it decodes, on a cache
+# too small (2 MiB of KV + state at max_model_len 512) for all of them: the scheduler preempts
+# running sequences (their KV blocks and state slots go to others) and recomputes them later.
+PREEMPTED = [[random.Random(8 + i).randrange(3, 512) for _ in range(120 + i % 7)] for i in range(16)]
+PREEMPTING = dict(kv_cache_memory_bytes=2 * 2**20, max_model_len=512)
+
+
 def _run(model_dir: str, engine_kwargs: dict, batches: tuple = (ALONE, TOGETHER)):
-    """Greedy ids of each batch and the engine's spec-decode counters."""
+    """Greedy ids of each batch and the engine's spec-decode and preemption counters."""
     kwargs = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=32, disable_log_stats=False)
     with engine(model_dir, **{**kwargs, **engine_kwargs}) as llm:
         ids = [_greedy(llm, batch) for batch in batches]
-        stats = {
-            "drafts": _counter(llm, "vllm:spec_decode_num_draft_tokens"),
-            "accepted": _counter(llm, "vllm:spec_decode_num_accepted_tokens"),
-            "per_position": _accepted_per_position(llm),
-        }
+        stats = _stats(llm)
     return ids, stats
-
-
-@pytest.fixture(scope="module")
-def without_mtp(repeat_head):
-    """Greedy ids of the target without a drafter."""
-    return _run(repeat_head, {})[0]
 
 
 @pytest.fixture(scope="module")
@@ -82,28 +96,104 @@ def repeat_head(tmp_path_factory) -> str:
     return str(builder.build("qwen3_5-dense", tmp_path_factory.mktemp("mtp-repeat"), mtp_head_kind="repeat"))
 
 
+@pytest.fixture(scope="module")
+def without_mtp(repeat_head):
+    """Greedy ids of the target without a drafter: ALONE, TOGETHER, PREEMPTED."""
+    return _run(repeat_head, {}, batches=(ALONE, TOGETHER, PREEMPTED))[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("num_speculative_tokens", [1, 2, 3])
 def test_greedy_ids_with_mtp_equal_ids_without(tiny_models, without_mtp, num_speculative_tokens):
     """The tiny model's random head: drafts rejected almost everywhere."""
     ids, stats = _run(tiny_models["qwen3_5-dense"], _mtp(num_speculative_tokens))
-    assert ids == without_mtp
+    assert ids == without_mtp[:2]
     assert stats["drafts"] > 0, "no draft was verified: nothing was tested"
 
 
-@pytest.fixture(scope="module")
-def repeat_head_run(repeat_head):
-    return _run(repeat_head, _mtp(3))
-
-
 @pytest.mark.slow
-def test_accepted_drafts_change_no_output(repeat_head_run, without_mtp):
+def test_accepted_drafts_change_no_output(repeat_head, without_mtp):
     """Verify steps that keep 2 to 4 tokens advance the states by all of them."""
-    ids, stats = repeat_head_run
-    assert ids == without_mtp
+    ids, stats = _run(repeat_head, _mtp(3))
+    assert ids == without_mtp[:2]
     print(f"\nrepeat head, 3 speculative tokens: {stats['accepted']:.0f} of {stats['drafts']:.0f} drafts "
           f"accepted, per position {stats['per_position']}")
     assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
+
+
+@pytest.mark.slow
+def test_preemption_and_slot_reuse_with_accepted_drafts_change_no_output(repeat_head, without_mtp):
+    ids, stats = _run(repeat_head, {**_mtp(2), **PREEMPTING}, batches=(PREEMPTED,))
+    print(f"\npreempting cache, repeat head, 2 speculative tokens: {stats['preemptions']:.0f} preemptions, "
+          f"{stats['accepted']:.0f} of {stats['drafts']:.0f} drafts accepted")
+    assert stats["preemptions"] > 0, "the cache was large enough: nothing was preempted, nothing was tested"
+    assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
+    assert ids == without_mtp[2:]
+
+
+# Seeded sampling on the trained checkpoint (its own MTP head gets most drafts accepted):
+# DRAWS requests of SAMPLED_PROMPT, SAMPLED_STEPS tokens each at temperature 0.7 (no top-k /
+# top-p), one seed each; the engine with 3 speculative tokens and the one without draw with
+# disjoint seeds, so the two samples are independent. Big batches: few engine steps.
+SAMPLED_PROMPT = "the days from"
+DRAWS = 1200
+SAMPLED_STEPS = 4
+SEEDS_WITHOUT, SEEDS_WITH = 1000, 1000 + DRAWS
+# The chance that the test fails although both engines sample one distribution (every
+# position together: each position's test at FALSE_ALARM / SAMPLED_STEPS).
+FALSE_ALARM = 1e-4
+
+
+def _sampled(model_dir: str, first_seed: int, engine_kwargs: dict) -> tuple[list[list[int]], dict]:
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    prompt = AutoTokenizer.from_pretrained(model_dir)(SAMPLED_PROMPT)["input_ids"]
+    params = [SamplingParams(temperature=0.7, max_tokens=SAMPLED_STEPS, ignore_eos=True, seed=first_seed + i)
+              for i in range(DRAWS)]
+    kwargs = dict(dtype="float32", enable_prefix_caching=False, max_num_seqs=256, max_num_batched_tokens=2048,
+                  disable_log_stats=False)
+    with engine(model_dir, **kwargs, **engine_kwargs) as llm:
+        outs = llm.generate([{"prompt_token_ids": prompt}] * DRAWS, params, use_tqdm=False)
+        stats = _stats(llm)
+    return [list(o.outputs[0].token_ids) for o in outs], stats
+
+
+@pytest.mark.slow
+def test_sampled_tokens_follow_the_target_distribution():
+    """Seeded sampling: at each generated position, the tokens drawn with drafts verified by
+    vLLM's rejection sampler (accepted drafts, recovered tokens, bonus tokens) follow the
+    distribution of those drawn without a drafter."""
+    import train_tiny_mtp as trainer
+
+    folder = str(trainer.DEFAULT_OUT)
+    without, _ = _sampled(folder, SEEDS_WITHOUT, {})
+    with_mtp, stats = _sampled(folder, SEEDS_WITH, _mtp(3))
+    print(f"\ntrained head, 3 speculative tokens, temperature 0.7: {stats['accepted']:.0f} of "
+          f"{stats['drafts']:.0f} drafts accepted, per position {stats['per_position']}")
+    assert stats["accepted"] > 0, "no draft was accepted: the rejection sampler's accept path was not tested"
+    tested = 0
+    for step in range(SAMPLED_STEPS):
+        p, dof = chi2_homogeneity([d[step] for d in with_mtp], [d[step] for d in without])
+        print(f"position {step}: chi-square p = {p:.3g} on {dof} dof")
+        assert p > FALSE_ALARM / SAMPLED_STEPS, f"position {step}: chi-square p = {p:.2e} on {dof} dof"
+        tested += dof > 0
+    assert tested >= 2, "fewer than 2 positions had more than one token to compare"
+
+
+@pytest.mark.slow
+def test_bf16_ids_with_mtp_follow_transformers_to_the_first_near_tie(repeat_head):
+    """bf16, drafts accepted: verify rows round like any bf16 implementation may, so the ids
+    are held to transformers' bf16 ids under ``oracle``'s tie rule (as every bf16 e2e test)."""
+    prompts = ALONE + TOGETHER[: len(LENGTHS)]  # one of each length
+    kwargs = dict(dtype="bfloat16", enable_prefix_caching=False, max_num_seqs=32, disable_log_stats=False)
+    with engine(repeat_head, **kwargs, **_mtp(3)) as llm:
+        got = _greedy(llm, prompts)
+        stats = _stats(llm)
+    assert stats["accepted"] > 0, "no draft was accepted: the multi-token state advance was not tested"
+    for prompt, ids in zip(prompts, got):
+        want, want_logits = hf_greedy(repeat_head, torch.bfloat16, prompt, MAX_NEW_TOKENS)
+        assert_greedy_matches(ids, want, want_logits, torch.bfloat16)
 
 
 # --- every layout, and the head against transformers' modules --------------------------------------------------
