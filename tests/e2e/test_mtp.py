@@ -5,17 +5,20 @@ speculative tokens, one request alone and 24 at once of 1..300 prompt tokens (ch
 prefill at ``max_num_batched_tokens=128``, steps mixing verify rows with prefills). The tiny
 models' random MTP heads draft tokens the target rejects almost everywhere;
 ``qwen3_5-dense-mtp-repeat`` (a head that drafts its input token again) gets drafts accepted,
-so steps keep more than one token: with it, 16 long requests on a cache the scheduler has to
-preempt from (preemption, recompute and slot reuse with drafts accepted) give the ids without
-MTP, and bf16 ids follow transformers' under the tie rule (also with verify rows on vLLM's
-speculative decode kernel, on the trained checkpoint with GDN heads of 64). Seeded sampling
-with the trained checkpoint's head: the tokens drawn at each position follow the distribution
-drawn without a drafter (chi-square homogeneity). Every other checkpoint layout loads its head (MoE, Qwen3-Next,
-both vision-language layouts) and greedy ids equal transformers' without a drafter; the
-head's output on the first drafting step of a 40-token prompt equals the same head
-composed from transformers' modules (its full-attention decoder layer, RMSNorms and
-Linear) on the same inputs. Speculative decoding with prefix caching, and ``mtp`` on a
-checkpoint without an MTP head, are refused with a message naming the setting.
+so steps keep more than one token; with it, 16 sequences of ~120 tokens on a 2 MiB KV + state
+cache make the scheduler preempt running sequences and hand their state slots to others
+(the preemption counter is asserted), and the ids still equal those without a drafter.
+bf16 (repeat head, 3 speculative tokens): greedy ids equal transformers' bf16 ids up to the
+first near-tie (``oracle``'s rule); so do those of the trained checkpoint with GDN heads of 64
+(``configs/scale_checkpoint.py``) whose verify rows run vLLM's speculative decode kernel. Seeded sampling (the trained checkpoint and its own head,
+3 speculative tokens, most drafts accepted; temperature 0.7): at each of 4 generated
+positions, 1200 draws with the drafter and 1200 without (disjoint seeds) pass a chi-square
+homogeneity test, all positions together at a false-alarm rate of 1e-4. Every other checkpoint
+layout loads its head (MoE, Qwen3-Next, both vision-language layouts) and greedy ids equal
+transformers' without a drafter; the head's output on the first drafting step of a 40-token
+prompt equals the same head composed from transformers' modules (its full-attention decoder
+layer, RMSNorms and Linear) on the same inputs. Speculative decoding with prefix caching, and
+``mtp`` on a checkpoint without an MTP head, are refused with a message naming the setting.
 """
 
 import json
