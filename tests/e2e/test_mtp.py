@@ -10,8 +10,9 @@ cache make the scheduler preempt running sequences and hand their state slots to
 (the preemption counter is asserted), and the ids still equal those without a drafter.
 bf16 (repeat head, 3 speculative tokens): greedy ids equal transformers' bf16 ids up to the
 first near-tie (``oracle``'s rule); so do those of the trained checkpoint with GDN heads of 64
-(``configs/scale_checkpoint.py``) whose verify rows run vLLM's speculative decode kernel. Seeded sampling (the trained checkpoint and its own head,
-3 speculative tokens, most drafts accepted; temperature 0.7): at each of 4 generated
+(``configs/scale_checkpoint.py``) whose verify rows run vLLM's speculative decode kernel.
+Seeded sampling (the trained checkpoint and its own head, 3 speculative tokens, most drafts
+accepted; temperature 0.7): at each of 4 generated
 positions, 1200 draws with the drafter and 1200 without (disjoint seeds) pass a chi-square
 homogeneity test, all positions together at a false-alarm rate of 1e-4. Every other checkpoint
 layout loads its head (MoE, Qwen3-Next, both vision-language layouts) and greedy ids equal
