@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 from . import paged
 from .auto import PHASES, ConvShape, GdnShape, choose
-from .dispatch import BACKENDS, ENV_VAR
+from .dispatch import BACKENDS, ENV_VAR, IN_PLACE_RULES
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
 
 #: phase -> the paged op that runs it.
 PAGED_OPS = {"conv_prefill": "paged_conv1d_prefill", "conv_decode": "paged_conv1d_decode",
              "gdn_prefill": "paged_gdn_prefill", "gdn_decode": "paged_gdn_decode"}
-#: Verify rows are decode steps over 1 + N tokens: their recurrence takes the decode phase's
-#: backend (the conv of verify rows has the torch math only).
-VERIFY_PHASE = "gdn_decode"
+#: The phase whose backend verify rows' recurrence takes (``dispatch.IN_PLACE_RULES`` states the
+#: rule: the decode phase's); the conv of verify rows has the torch math only.
+VERIFY_PHASE = IN_PLACE_RULES["paged_gdn_verify"][0]
 
 
 @dataclass(frozen=True)
