@@ -132,10 +132,8 @@ def scaled_checkpoint(source: pathlib.Path, num_layers: int) -> pathlib.Path:
     under RESULTS on first use (``configs/scale_checkpoint.py``: the same function)."""
     target = RESULTS / f"{source.name}-{SCALED_HEAD_DIM}-{num_layers}layers"
     if not (target / "config.json").exists():
-        scale = _configs_module("scale_checkpoint")
-        scale.widen_key_heads(source, target, SCALED_HEAD_DIM)
-        scale.widen_value_heads(target, target, SCALED_HEAD_DIM)
-        scale.deepen(target, target, num_layers)
+        _configs_module("scale_checkpoint").scale(source, target, key_head_dim=SCALED_HEAD_DIM,
+                                                  value_head_dim=SCALED_HEAD_DIM, num_layers=num_layers)
     return target
 
 

@@ -31,7 +31,7 @@ the trained model's tokens (so its MTP drafts are accepted as often) with more w
 vLLM's C++ GDN kernels take Dk in {64, 128} and Dv a multiple of 32; the tiny model's are 32 and
 16, so ``--key-head-dim 64 --value-head-dim 64`` makes a checkpoint vLLM's built-in Qwen3-Next runs.
 
-Both write a complete checkpoint folder (config, bf16 safetensors, tokenizer files).
+Each writes a complete checkpoint folder (config, bf16 safetensors, tokenizer files).
 """
 
 import argparse
@@ -174,6 +174,18 @@ def widen_key_heads(source: pathlib.Path, target: pathlib.Path, key_head_dim: in
                     lambda c: {**c, "linear_key_head_dim": key_head_dim, "rms_norm_eps": c["rms_norm_eps"] / repeats})
 
 
+def scale(source: pathlib.Path, target: pathlib.Path, *, key_head_dim: int | None = None,
+          value_head_dim: int | None = None, num_layers: int | None = None) -> pathlib.Path:
+    """Write ``source`` to ``target`` with the given GDN head sizes and decoder layers (each
+    None: the source's), widening the heads first."""
+    current = source
+    for size, transform in ((key_head_dim, widen_key_heads), (value_head_dim, widen_value_heads),
+                            (num_layers, deepen)):
+        if size:
+            current = transform(current, target, size)
+    return current
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=pathlib.Path)
@@ -182,14 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--key-head-dim", type=int, help="GatedDeltaNet query / key head size of the target")
     parser.add_argument("--value-head-dim", type=int, help="GatedDeltaNet value head size of the target")
     args = parser.parse_args(argv)
-    current = args.source
-    if args.key_head_dim:
-        current = widen_key_heads(current, args.target, args.key_head_dim)
-    if args.value_head_dim:
-        current = widen_value_heads(current, args.target, args.value_head_dim)
-    if args.layers:
-        current = deepen(current, args.target, args.layers)
-    print(current)
+    print(scale(args.source, args.target, key_head_dim=args.key_head_dim, value_head_dim=args.value_head_dim,
+                num_layers=args.layers))
 
 
 if __name__ == "__main__":

@@ -66,9 +66,7 @@ def test_built_in_kernel_shapes_in_the_qwen3_next_layout(reference, tmp_path):
     """What the benchmark serves to vLLM's built-in: Dk = Dv = 64, 8 layers, Qwen3-Next layout."""
     import transformers as tf
 
-    folder = scale.widen_key_heads(SOURCE, tmp_path / "scaled", 64)
-    scale.widen_value_heads(folder, folder, 64)
-    scale.deepen(folder, folder, 8)
+    folder = scale.scale(SOURCE, tmp_path / "scaled", key_head_dim=64, value_head_dim=64, num_layers=8)
     qwen3_next = trainer.write_qwen3_next_layout(folder, tmp_path / "next")
     config = json.loads((qwen3_next / "config.json").read_text())
     assert (config["linear_key_head_dim"], config["linear_value_head_dim"], config["num_hidden_layers"]) == (64, 64, 8)

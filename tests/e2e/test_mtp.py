@@ -208,8 +208,7 @@ def test_bf16_verify_on_vllms_kernel_follows_transformers(tmp_path, monkeypatch)
     import scale_checkpoint as scale
     import train_tiny_mtp as trainer
 
-    folder = scale.widen_key_heads(trainer.DEFAULT_OUT, tmp_path / "wide", 64)
-    scale.widen_value_heads(folder, folder, 64)
+    folder = scale.scale(trainer.DEFAULT_OUT, tmp_path / "wide", key_head_dim=64, value_head_dim=64)
     monkeypatch.setenv("VLLM_GDN_BACKEND", "vllm_cpu")
     from transformers import AutoTokenizer
 
