@@ -7,8 +7,32 @@ import tempfile
 import pytest
 
 # vLLM writes model-inspection caches and compile artefacts under VLLM_CACHE_ROOT; keep
-# them out of the user's home and away from other runs.
-os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-gdn-cache-"))
+# them out of the user's home and away from other runs, and, under pytest-xdist, each
+# worker's away from the other's.
+_cache_root = os.environ.get("VLLM_CACHE_ROOT") or tempfile.mkdtemp(prefix="vllm-gdn-cache-")
+os.environ["VLLM_CACHE_ROOT"] = os.path.join(_cache_root, os.environ.get("PYTEST_XDIST_WORKER", ""))
+
+#: Folders whose tests start vLLM engines, servers or transformers' real-dims oracles. Under
+#: pytest-xdist (scripts/test.sh runs two workers) they are one unit of work: one worker runs
+#: them one after another, so that two never share the two cores and the memory (a real-dims
+#: engine or oracle holds 3-8 GiB; a server derives its cache from the memory free at its
+#: start), while the other worker runs the rest test by test.
+ENGINE_FOLDERS = ("tests/e2e/", "tests/integration/")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's default (``--dist load``) with ``ENGINE_FOLDERS`` as one unit; another ``--dist``
+    mode given on the command line is left to xdist."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return "engines" if nodeid.startswith(ENGINE_FOLDERS) else nodeid
+
+    return EngineTestsTogether(config, log)
 
 
 @pytest.fixture
