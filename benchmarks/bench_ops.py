@@ -4,8 +4,11 @@ Ours:
   ours      backend "torch" (chunked prefill, in-place per-row decode), any dtype / head size
   vllm_cpu  backend "vllm_cpu": vLLM's C++ kernels behind this project's op surface (its argument
             conversions counted in its time); bf16, Dk = Dv in {64, 128} only
-  auto      backend "auto", what the plugin runs: on the CPU, the backend vllm_gdn_neuron.ops.auto
-            chose for the shape (by the CPU's kind, or timed once at the shape's first call)
+  auto      what the plugin's layers run: the backend ops.layer_backends chose for the phase when a
+            GDN layer of the row's shapes was built (by the CPU's kind, or timed once per process),
+            named in each call as the layer names it
+  per call  backend "auto" of the public op: the same choice, looked up at every call (the
+            environment, the device and the call's shape: a few µs of Python per call)
 Peers:
   hf    transformers' Qwen3.5 torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule
         (GQA by repeat_interleave of q/k, as HF's model does before calling them)
@@ -18,7 +21,8 @@ AVX-512 BF16 CPUs), auto, and vLLM's kernel alone on its own windows.
 
 "auto vs best" is the faster backend's time (ours or vllm_cpu) over auto's (1.00x: auto took it);
 "paired" is the median over rounds of the same ratio within each round (see ``paired_auto_vs_best``),
-the figure that load from elsewhere moves least.
+the figure that load from elsewhere moves least; "per call vs best" is the first ratio for the
+public op's per-call choice. Run without $VLLM_GDN_BACKEND, which would decide for auto.
 
 Every GDN peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin
 within each round (see ``race``); the table shows the best round time of each, the speed-up
@@ -35,12 +39,16 @@ of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
 import argparse
 import os
 import pathlib
+import random
 import time
 
 import torch
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
+from vllm_gdn_neuron.ops.dispatch import ENV_VAR
+from vllm_gdn_neuron.ops.layer_backends import layer_backends
 from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
 
 try:
@@ -70,9 +78,10 @@ def race(runs, budget_s, max_rounds):
     Two warm-up calls of each (the first gives the result compared, the second's time how many
     back-to-back calls make one sample of at least ``MIN_SAMPLE_S``), then rounds that take one sample of every
     fn, until ``budget_s`` has passed (at least one round) or ``max_rounds``: a burst of load from
-    elsewhere hits every peer alike. Each round starts one peer later than the last, so no peer
-    always follows the same one (what a peer leaves behind, freed memory or busy threads, then
-    hits each in turn).
+    elsewhere hits every peer alike. Each round runs the peers in a fresh random order (seeded),
+    so no peer mostly follows the same one: what a peer leaves behind, freed memory or busy
+    threads, hits each alike. (Rotating one order does not do that: each peer keeps its
+    predecessor in all rounds but one of every len(runs).)
 
     Returns:
         ``{name: (best_seconds_per_call, result_of_the_warm_up_run, [seconds_per_call of each round])}``.
@@ -84,10 +93,11 @@ def race(runs, budget_s, max_rounds):
         fn()  # a second call, past first-call costs, sizes the samples
         calls[name] = max(1, int(MIN_SAMPLE_S / (time.perf_counter() - t)))
     samples = {name: [] for name in runs}
-    start, rounds = time.perf_counter(), 0
+    start, rounds, order = time.perf_counter(), 0, random.Random(0)
     while rounds < max_rounds and (rounds == 0 or time.perf_counter() - start < budget_s):
         names = list(runs)
-        for name in names[rounds % len(names):] + names[:rounds % len(names)]:
+        order.shuffle(names)
+        for name in names:
             fn, n = runs[name], calls[name]
             t = time.perf_counter()
             for _ in range(n):
@@ -95,6 +105,14 @@ def race(runs, budget_s, max_rounds):
             samples[name].append((time.perf_counter() - t) / n)
         rounds += 1
     return {name: (min(samples[name]), results[name], samples[name]) for name in runs}
+
+
+def layer_choice(phase, dtype, num_k_heads, num_v_heads):
+    """The backend a GDN layer with ``num_k_heads`` / ``num_v_heads`` heads of ``DIM`` in ``dtype``
+    runs ``phase`` on: chosen once, when the layer is built, as the served model chooses it."""
+    gdn = GdnShape(dtype, num_k_heads, num_v_heads, DIM, DIM, DIM ** -0.5, torch.float32)
+    conv = ConvShape(dtype, dtype, dtype, (2 * num_k_heads + num_v_heads) * DIM, CONV_WIDTH, "silu")
+    return layer_backends(gdn, conv, "cpu").backends[phase]
 
 
 def gating_inputs(rows, num_v_heads, gen):
@@ -119,8 +137,10 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=Tru
     g, beta = qwen35_gating(*gating_inputs(tokens, num_v_heads, gen))
     cu = torch.tensor([0, tokens], dtype=torch.int32)
     group = num_v_heads // num_k_heads
+    chosen = layer_choice("gdn_prefill", dtype, num_k_heads, num_v_heads)
     runs = {"ours": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="torch")[0],
-            "auto": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True)[0]}
+            "auto": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend=chosen)[0],
+            "per_call": lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True)[0]}
     if HAVE_VLLM and dtype == torch.bfloat16:
         runs["vllm_cpu"] = lambda: ops.gdn_prefill(q, k, v, g, beta, cu, use_qk_l2norm=True, backend="vllm_cpu")[0]
     if with_hf and hf is not None:
@@ -159,7 +179,8 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
     group = num_v_heads // num_k_heads
     # Each run advances its own cache in place; the warm-up run (the one compared) starts
     # from the same cache for every peer.
-    ours_cache, auto_cache, vllm_cache, backend_cache = (start_cache.clone() for _ in range(4))
+    ours_cache, auto_cache, per_call_cache, vllm_cache, backend_cache = (start_cache.clone() for _ in range(5))
+    chosen = layer_choice("gdn_decode", dtype, num_k_heads, num_v_heads)
 
     def run_ours():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
@@ -167,7 +188,11 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
 
     def run_auto():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
-        return ops.gdn_decode(q, k, v, g, beta, auto_cache, indices, use_qk_l2norm=True)
+        return ops.gdn_decode(q, k, v, g, beta, auto_cache, indices, use_qk_l2norm=True, backend=chosen)
+
+    def run_per_call():
+        g, beta = qwen35_gating(a, b, A_log, dt_bias)
+        return ops.gdn_decode(q, k, v, g, beta, per_call_cache, indices, use_qk_l2norm=True)
 
     def run_vllm_cpu():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
@@ -186,7 +211,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
             initial_state_source=vllm_cache, initial_state_indices=indices,
             cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
-    runs = {"ours": run_ours, "auto": run_auto}
+    runs = {"ours": run_ours, "auto": run_auto, "per_call": run_per_call}
     if with_hf and hf is not None:
         runs["hf"] = run_hf
     if HAVE_VLLM and dtype == torch.bfloat16:
@@ -195,7 +220,8 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
     return _row(race(runs, budget_s, max_rounds))
 
 
-CONV_CHANNELS, CONV_WIDTH = 8192, 4  # the real models' q | k | v channels and kernel width
+CONV_HEADS = (16, 32)  # the real models' GDN heads Hk / Hv of DIM: q | k | v channels 8192
+CONV_CHANNELS, CONV_WIDTH = (2 * CONV_HEADS[0] + CONV_HEADS[1]) * DIM, 4
 
 
 def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
@@ -220,7 +246,8 @@ def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
         paged = lambda backend: ops.paged_conv1d_prefill(x, weight, cache, step, backend=backend)  # noqa: E731
         vllm = lambda: vllm_ops.causal_conv1d_fwd_cpu(x.T, weight, None, windows, bounds, indices,  # noqa: E731
                                                       torch.zeros(num_seqs, dtype=torch.bool), True, False).T
-    runs = {"ours": lambda: paged("torch"), "auto": lambda: paged("auto")}
+    chosen = layer_choice(f"conv_{phase}", torch.bfloat16, *CONV_HEADS)
+    runs = {"ours": lambda: paged("torch"), "auto": lambda: paged(chosen), "per_call": lambda: paged("auto")}
     if HAVE_VLLM and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported():
         runs["vllm_cpu"] = lambda: paged("vllm_cpu")
         runs["vllm"] = vllm
@@ -229,12 +256,13 @@ def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
 
 def print_conv_table(rows):
     print("\nPaged conv1d (bf16, C = 8192, K = 4; vLLM C++ on its own K - 1 windows, no page gather)")
-    print("| phase | tokens / rows | sequences | ours ms | vllm_cpu ms | auto ms | vLLM C++ ms | auto vs best "
-          "| paired | auto vs vLLM | max abs diff vLLM |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| phase | tokens / rows | sequences | ours ms | vllm_cpu ms | auto ms | per call ms | vLLM C++ ms "
+          "| auto vs best | paired | per call vs best | auto vs vLLM | max abs diff vLLM |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (phase, size, seqs), r in rows:
         print(f"| {phase} | {size} | {seqs} | {fmt_ms(r['ours'])} | {fmt_ms(r.get('vllm_cpu'))} | {fmt_ms(r['auto'])} "
-              f"| {fmt_ms(r.get('vllm'))} | {fmt_ratio(best_backend(r), r['auto'])} | {r['paired']:.2f}x "
+              f"| {fmt_ms(r['per_call'])} | {fmt_ms(r.get('vllm'))} | {fmt_ratio(best_backend(r), r['auto'])} "
+              f"| {r['paired']:.2f}x | {fmt_ratio(best_backend(r), r['per_call'])} "
               f"| {fmt_ratio(r.get('vllm'), r['auto'])} | {r.get('vllm_diff', float('nan')):.2e} |")
 
 
@@ -267,16 +295,17 @@ def fmt_ratio(peer, ours):
 
 def print_table(title, size_name, rows):
     print(f"\n{title}")
-    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | vllm_cpu ms | auto ms | HF ms | vLLM C++ ms "
-              f"| auto vs best | paired | ours vs HF | ours vs vLLM | auto vs HF | auto vs vLLM | max abs diff HF "
+    header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | vllm_cpu ms | auto ms | per call ms | HF ms "
+              f"| vLLM C++ ms | auto vs best | paired | per call vs best | ours vs HF | ours vs vLLM | auto vs HF | auto vs vLLM | max abs diff HF "
               f"| max abs diff vLLM |")
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
     for (size, hk, hv, dtype), r in rows:
         auto = r.get("auto")
         print(f"| {size:>6} | {hk}/{hv} | {str(dtype).replace('torch.', ''):>8} | {fmt_ms(r['ours'])} "
-              f"| {fmt_ms(r.get('vllm_cpu'))} | {fmt_ms(auto)} | {fmt_ms(r.get('hf'))} | {fmt_ms(r.get('vllm'))} "
-              f"| {fmt_ratio(best_backend(r), auto)} | {r['paired']:.2f}x "
+              f"| {fmt_ms(r.get('vllm_cpu'))} | {fmt_ms(auto)} | {fmt_ms(r['per_call'])} | {fmt_ms(r.get('hf'))} "
+              f"| {fmt_ms(r.get('vllm'))} | {fmt_ratio(best_backend(r), auto)} | {r['paired']:.2f}x "
+              f"| {fmt_ratio(best_backend(r), r['per_call'])} "
               f"| {fmt_ratio(r.get('hf'), r['ours'])} | {fmt_ratio(r.get('vllm'), r['ours'])} "
               f"| {'-' if auto is None else fmt_ratio(r.get('hf'), auto)} "
               f"| {'-' if auto is None else fmt_ratio(r.get('vllm'), auto)} "
@@ -326,6 +355,8 @@ def main():
     parser.add_argument("--rounds", type=int, help="most timed rounds per case (default 10 prefill, 20 decode "
                                                    "and conv; --budget ends them sooner)")
     args = parser.parse_args()
+    if os.environ.get(ENV_VAR, "").strip() not in ("", "auto"):
+        parser.error(f"{ENV_VAR}={os.environ[ENV_VAR]} would decide for auto: unset it to compare the backends")
     lengths = args.lengths if args.lengths is not None else (256, 512) if args.quick else (512, 2048, 8192)
     batches = args.batches if args.batches is not None else (1, 16) if args.quick else (1, 16, 64)
     dtypes = tuple(getattr(torch, name) for name in args.dtypes)
