@@ -296,8 +296,8 @@ def fmt_ratio(peer, ours):
 def print_table(title, size_name, rows):
     print(f"\n{title}")
     header = (f"| {size_name:>6} | Hk/Hv | dtype | ours ms | vllm_cpu ms | auto ms | per call ms | HF ms "
-              f"| vLLM C++ ms | auto vs best | paired | per call vs best | ours vs HF | ours vs vLLM | auto vs HF | auto vs vLLM | max abs diff HF "
-              f"| max abs diff vLLM |")
+              f"| vLLM C++ ms | auto vs best | paired | per call vs best | ours vs HF | ours vs vLLM | auto vs HF "
+              f"| auto vs vLLM | max abs diff HF | max abs diff vLLM |")
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
     for (size, hk, hv, dtype), r in rows:
