@@ -72,10 +72,11 @@ HEADS = ((16, 16), (16, 32))
 MIN_SAMPLE_S = 2e-3
 
 
-def race(runs, budget_s, max_rounds):
+def race(runs, budget_s, max_rounds, reset=None):
     """Best per-call wall time (s) of each of ``runs`` (name -> fn), timed round-robin.
 
-    Two warm-up calls of each (the first gives the result compared, the second's time how many
+    Two warm-up calls of each (the first, after ``reset()`` where given, gives the result
+    compared; the second's time how many
     back-to-back calls make one sample of at least ``MIN_SAMPLE_S``), then rounds that take one sample of every
     fn, until ``budget_s`` has passed (at least one round) or ``max_rounds``: a burst of load from
     elsewhere hits every peer alike. Each round runs the peers in a fresh random order (seeded),
@@ -88,6 +89,8 @@ def race(runs, budget_s, max_rounds):
     """
     results, calls = {}, {}
     for name, fn in runs.items():
+        if reset is not None:
+            reset()
         results[name] = fn()
         t = time.perf_counter()
         fn()  # a second call, past first-call costs, sizes the samples
@@ -177,26 +180,29 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
     start_cache = 0.1 * torch.randn(slots, num_v_heads, DIM, DIM, generator=gen)
     indices = torch.randperm(slots, generator=gen)[:batch].to(torch.int32)
     group = num_v_heads // num_k_heads
-    # Each run advances its own cache in place; the warm-up run (the one compared) starts
-    # from the same cache for every peer.
-    ours_cache, auto_cache, per_call_cache, vllm_cache, backend_cache = (start_cache.clone() for _ in range(5))
+    # Every run advances the one cache in place, reset to the same start before each peer's
+    # warm-up run (the one compared). One cache, not one per peer: a second 2 x B state tensor
+    # can land on memory that reads up to 15 % slower for the whole run (measured at B = 16:
+    # two copies of one call on their own caches read 1.13-1.15x apart in 4 of 10 runs of 400
+    # rounds; on one cache 0.996-1.007x), which would decide the rows by placement.
+    cache = start_cache.clone()
     chosen = layer_choice("gdn_decode", dtype, num_k_heads, num_v_heads)
 
     def run_ours():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
-        return ops.gdn_decode(q, k, v, g, beta, ours_cache, indices, use_qk_l2norm=True, backend="torch")
+        return ops.gdn_decode(q, k, v, g, beta, cache, indices, use_qk_l2norm=True, backend="torch")
 
     def run_auto():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
-        return ops.gdn_decode(q, k, v, g, beta, auto_cache, indices, use_qk_l2norm=True, backend=chosen)
+        return ops.gdn_decode(q, k, v, g, beta, cache, indices, use_qk_l2norm=True, backend=chosen)
 
     def run_per_call():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
-        return ops.gdn_decode(q, k, v, g, beta, per_call_cache, indices, use_qk_l2norm=True)
+        return ops.gdn_decode(q, k, v, g, beta, cache, indices, use_qk_l2norm=True)
 
     def run_vllm_cpu():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
-        return ops.gdn_decode(q, k, v, g, beta, backend_cache, indices, use_qk_l2norm=True, backend="vllm_cpu")
+        return ops.gdn_decode(q, k, v, g, beta, cache, indices, use_qk_l2norm=True, backend="vllm_cpu")
 
     def run_hf():
         g, beta = qwen35_gating(a, b, A_log, dt_bias)
@@ -208,7 +214,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
     def run_vllm():
         return vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu(
             A_log=A_log, dt_bias=dt_bias, q=q[None], k=k[None], v=v[None], a=a, b=b,
-            initial_state_source=vllm_cache, initial_state_indices=indices,
+            initial_state_source=cache, initial_state_indices=indices,
             cu_seqlens=torch.arange(batch + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
 
     runs = {"ours": run_ours, "auto": run_auto, "per_call": run_per_call}
@@ -217,7 +223,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
     if HAVE_VLLM and dtype == torch.bfloat16:
         runs["vllm"] = run_vllm
         runs["vllm_cpu"] = run_vllm_cpu
-    return _row(race(runs, budget_s, max_rounds))
+    return _row(race(runs, budget_s, max_rounds, reset=lambda: cache.copy_(start_cache)))
 
 
 CONV_HEADS = (16, 32)  # the real models' GDN heads Hk / Hv of DIM: q | k | v channels 8192
