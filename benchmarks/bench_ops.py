@@ -75,14 +75,13 @@ MIN_SAMPLE_S = 2e-3
 def race(runs, budget_s, max_rounds, reset=None):
     """Best per-call wall time (s) of each of ``runs`` (name -> fn), timed round-robin.
 
-    Two warm-up calls of each (the first, after ``reset()`` where given, gives the result
-    compared; the second's time how many
-    back-to-back calls make one sample of at least ``MIN_SAMPLE_S``), then rounds that take one sample of every
-    fn, until ``budget_s`` has passed (at least one round) or ``max_rounds``: a burst of load from
-    elsewhere hits every peer alike. Each round runs the peers in a fresh random order (seeded),
-    so no peer mostly follows the same one: what a peer leaves behind, freed memory or busy
-    threads, hits each alike. (Rotating one order does not do that: each peer keeps its
-    predecessor in all rounds but one of every len(runs).)
+    Two warm-up calls of each (the first, after ``reset()`` where given, gives the result compared;
+    the second's time how many back-to-back calls make one sample of at least ``MIN_SAMPLE_S``),
+    then rounds that take one sample of every fn, until ``budget_s`` has passed (at least one round)
+    or ``max_rounds``: a burst of load from elsewhere hits every peer alike. Each round runs the
+    peers in a fresh random order (seeded), so no peer mostly follows the same one: what a peer
+    leaves behind, freed memory or busy threads, hits each alike. (Rotating one order does not do
+    that: each peer keeps its predecessor in all rounds but one of every len(runs).)
 
     Returns:
         ``{name: (best_seconds_per_call, result_of_the_warm_up_run, [seconds_per_call of each round])}``.
