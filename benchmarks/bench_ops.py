@@ -20,26 +20,28 @@ K = 4): ours (backend "torch", its torch math), vllm_cpu (vLLM's C++ conv behind
 AVX-512 BF16 CPUs), auto, and vLLM's kernel alone on its own windows.
 
 "auto vs best" is the faster backend's time (ours or vllm_cpu) over auto's (1.00x: auto took it);
-"paired" is the median over rounds of the same ratio within each round (see ``paired_auto_vs_best``),
-the figure that load from elsewhere moves least; "per call vs best" is the first ratio for the
-public op's per-call choice. Run without $VLLM_GDN_BACKEND, which would decide for auto.
+"paired" is the same ratio from a second race of auto against that backend alone, the median over
+its rounds of the ratio within each round (see ``duel``), the figure that load from elsewhere and
+the other peers move least; "per call vs best" is the first ratio for the public op's per-call
+choice. Run without $VLLM_GDN_BACKEND, which would decide for auto.
 
 Every GDN peer runs with use_qk_l2norm and the default scale on the same inputs, round-robin
 within each round (see ``race``); the table shows the best round time of each, the speed-up
 of ours over each peer (peer time / our time, > 1 = ours faster) and the max abs difference
 of the outputs. A PNG plot goes to benchmarks/results/bench_ops.png.
 
-    python benchmarks/bench_ops.py            # the issue's shapes (~1 min on 2 quiet cores)
+    python benchmarks/bench_ops.py            # the real models' shapes (~2 min on 2 cores at load 1-2)
     python benchmarks/bench_ops.py --quick    # small shapes, a smoke run
     python benchmarks/bench_ops.py --lengths 8192 --batches --dtypes bfloat16 --no-hf --budget 20
                                               # the T = 8192 bf16 rows again, more rounds
-    python benchmarks/bench_ops.py --budget 8 --rounds 60   # every row with more rounds (~6 min)
+    python benchmarks/bench_ops.py --budget 15 --rounds 400  # every row with more rounds (~11 min)
 """
 
 import argparse
 import os
 import pathlib
 import random
+import statistics
 import time
 
 import torch
@@ -155,14 +157,16 @@ def bench_prefill(tokens, num_k_heads, num_v_heads, dtype, budget_s, with_hf=Tru
             initial_state=torch.zeros(1, num_v_heads, DIM, DIM), output_final_state=True, cu_seqlens=cu,
             head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=torch.zeros(1, dtype=torch.int32),
             eps=L2NORM_EPS)[0][0]
-    return _row(race(runs, budget_s, max_rounds))
+    return _row(runs, budget_s, max_rounds)
 
 
-def _row(raced):
-    """Times per peer and the max abs output difference of HF / vLLM to ours."""
+def _row(runs, budget_s, max_rounds, reset=None):
+    """Race ``runs``, then auto against the faster backend alone (``duel``): the best time per
+    peer, the paired ratio, and the max abs output difference of HF / vLLM to ours."""
+    raced = race(runs, budget_s, max_rounds, reset)
     ours = raced["ours"][1].float()
     row = {name: seconds for name, (seconds, _, _) in raced.items()}
-    row["paired"] = paired_auto_vs_best({name: rounds for name, (_, _, rounds) in raced.items()}, row)
+    row["paired"] = duel(runs, best_backend_name(row), budget_s, max_rounds, reset)
     for peer in ("hf", "vllm"):
         if peer in raced:
             row[f"{peer}_diff"] = (raced[peer][1].float().reshape(ours.shape) - ours).abs().max().item()
@@ -222,7 +226,7 @@ def bench_decode(batch, num_k_heads, num_v_heads, dtype, budget_s, with_hf=True,
     if HAVE_VLLM and dtype == torch.bfloat16:
         runs["vllm"] = run_vllm
         runs["vllm_cpu"] = run_vllm_cpu
-    return _row(race(runs, budget_s, max_rounds, reset=lambda: cache.copy_(start_cache)))
+    return _row(runs, budget_s, max_rounds, reset=lambda: cache.copy_(start_cache))
 
 
 CONV_HEADS = (16, 32)  # the real models' GDN heads Hk / Hv of DIM: q | k | v channels 8192
@@ -236,10 +240,13 @@ def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
     gen = torch.Generator().manual_seed(size)
     weight = torch.randn(CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
     rows = size if phase == "decode" else num_seqs
-    cache = torch.randn(2 * rows + 1, CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
+    start_cache = torch.randn(2 * rows + 1, CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
     pages = torch.randperm(2 * rows, generator=gen)[:rows] + 1
     x = torch.randn(size, CONV_CHANNELS, generator=gen).bfloat16()
-    windows = cache[pages, :, 1:].transpose(1, 2).contiguous().transpose(1, 2)
+    start_windows = start_cache[pages, :, 1:].transpose(1, 2).contiguous().transpose(1, 2)
+    # The paged ops advance the cache pages in place and vLLM's kernel its windows (decode; prefill
+    # writes them): both are reset to the same start before each peer's first (compared) call.
+    cache, windows = start_cache.clone(), start_windows.clone()
     indices = torch.arange(rows, dtype=torch.int32)
     if phase == "decode":
         step = ops.DecodeStep.build(pages, 0)
@@ -256,7 +263,12 @@ def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
     if HAVE_VLLM and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported():
         runs["vllm_cpu"] = lambda: paged("vllm_cpu")
         runs["vllm"] = vllm
-    return _row(race(runs, budget_s, max_rounds))
+
+    def reset():
+        cache.copy_(start_cache)
+        windows.copy_(start_windows)
+
+    return _row(runs, budget_s, max_rounds, reset)
 
 
 def print_conv_table(rows):
@@ -271,23 +283,27 @@ def print_conv_table(rows):
               f"| {fmt_ratio(r.get('vllm'), r['auto'])} | {r.get('vllm_diff', float('nan')):.2e} |")
 
 
-def paired_auto_vs_best(rounds, best):
-    """Median over rounds of (the faster backend's time / auto's time) within the round.
+def duel(runs, best, budget_s, max_rounds, reset=None):
+    """Median over the rounds of a race of auto against the backend ``best`` alone of (that
+    backend's time / auto's time) within the round.
 
-    Auto and the backend it is compared with run back to back in every round, so a burst of
-    load from elsewhere that slows one round slows both; the best-of times above, taken from
-    different rounds, do not cancel it.
+    Two peers back to back in every round, without the slow ones that leave a budget few rounds
+    and without what they leave behind: a burst of load that slows one round slows both, and
+    where auto runs ``best``'s very function the ratio is that of a call against itself (1.00x
+    but for noise).
     """
-    import statistics
+    raced = race({"auto": runs["auto"], best: runs[best]}, budget_s, max_rounds, reset)
+    return statistics.median(b / a for b, a in zip(raced[best][2], raced["auto"][2]))
 
-    backends = [name for name in ("ours", "vllm_cpu") if name in rounds]
-    fastest = min(backends, key=lambda name: best[name])
-    return statistics.median(b / a for b, a in zip(rounds[fastest], rounds["auto"]))
+
+def best_backend_name(row):
+    """The faster backend of ``row``: "ours" (torch) or "vllm_cpu"."""
+    return min((name for name in ("ours", "vllm_cpu") if name in row), key=row.get)
 
 
 def best_backend(row):
     """The faster backend's time: ours (torch) or vllm_cpu."""
-    return min(t for t in (row["ours"], row.get("vllm_cpu")) if t is not None)
+    return row[best_backend_name(row)]
 
 
 def fmt_ms(seconds):

@@ -41,8 +41,10 @@ its plugins, once per process, so one process cannot hold both model classes. Bo
 subprocesses stay up for the whole run and take turns: every round runs each row on every
 engine back to back (the engine that goes first rotates), so load from elsewhere on a
 shared machine hits all alike; a row's result is its best round (highest tokens/s, its
-latencies from that round). Prompts are random token ids, new ones each round, the same for
-every engine; prefix caching is off so every round prefills in full.
+latencies from that round), and beside each ratio of auto to another engine its paired figure
+in parentheses: the median over rounds of the ratio within the round. Prompts are random token
+ids, new ones each round, the same for every engine; prefix caching is off so every round
+prefills in full.
 
     python benchmarks/bench_serve.py                  # the full table (~10 min on 2 quiet cores)
     python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
@@ -72,6 +74,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -370,7 +373,7 @@ def run_benchmark(args, bandwidths):
     try:
         for engine in engines.values():
             engine.reply()  # ready
-        best = {}
+        best, rates = {}, {}
         loads = []
         rng = random.Random(0)
         for rnd in range(args.rounds):
@@ -392,6 +395,7 @@ def run_benchmark(args, bandwidths):
                     if "spec" in reply:
                         result["spec"] = reply["spec"]
                     key = (phase, n, name)
+                    rates.setdefault(key, []).append(result["tokens_per_s"])
                     print(f"round {rnd} {phase:7s} N={n:2d} {name:8s} {result['tokens_per_s']:9.1f} tok/s "
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
                     if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
@@ -402,7 +406,7 @@ def run_benchmark(args, bandwidths):
     finally:
         for engine in engines.values():
             engine.close()
-    return best, loads
+    return best, rates, loads
 
 
 def bound_columns(args, bandwidth, n):
@@ -417,9 +421,19 @@ def _ratio(results, name, other):
     return results[name]["tokens_per_s"] / results[other]["tokens_per_s"]
 
 
-def table(args, best, bandwidth):
+def _paired(rates, phase, n, name, other):
+    """Median over rounds of engine ``name``'s tokens/s over ``other``'s within the round (None
+    where either did not run): the engines take turns in every round, so load from elsewhere
+    that slows one round slows both, which the ratio of best rounds does not cancel."""
+    if (phase, n, name) not in rates or (phase, n, other) not in rates:
+        return None
+    return statistics.median(a / b for a, b in zip(rates[(phase, n, name)], rates[(phase, n, other)]))
+
+
+def table(args, best, rates, bandwidth):
     """The markdown table (tok/s of each engine, auto against the faster plugin backend and the
-    built-in, auto's latencies, the decode bound and shares, the load) and its rows."""
+    built-in, best rounds and paired, auto's latencies, the decode bound and shares, the load)
+    and its rows."""
     names = list(args.engines)
     lines = ["| phase | N | " + " | ".join(f"{name} tok/s" for name in names) + " | auto / best backend "
              "| auto / built-in | auto p50 / p90 / p99 ms | bound tok/s | share " + " / ".join(names) + " | load |",
@@ -430,19 +444,22 @@ def table(args, best, bandwidth):
         backends = [name for name in PLUGIN_BACKENDS if name in results]
         fastest = max(backends, key=lambda name: results[name]["tokens_per_s"]) if backends else None
         row = dict(phase=phase, n=n, engines=results, vs_best=_ratio(results, "auto", fastest),
-                   vs_builtin=_ratio(results, "auto", "built-in"))
+                   vs_best_paired=_paired(rates, phase, n, "auto", fastest),
+                   vs_builtin=_ratio(results, "auto", "built-in"),
+                   vs_builtin_paired=_paired(rates, phase, n, "auto", "built-in"))
         bound = shares = "-"
         if phase == "decode":
             bound_tps, step_bytes = bound_columns(args, bandwidth, n)
             row.update(bound_tokens_per_s=bound_tps, step_bytes=step_bytes)
             bound = f"{bound_tps:.1f}"
             shares = " / ".join(f"{100 * results[name]['tokens_per_s'] / bound_tps:.0f} %" for name in names)
-        fmt = lambda ratio: "-" if ratio is None else f"{ratio:.2f}x"  # noqa: E731
+        fmt = lambda ratio, paired: "-" if ratio is None else f"{ratio:.2f}x ({paired:.2f}x)"  # noqa: E731
         latency = (" / ".join(f"{results['auto']['latency_ms'][f'p{p}']:.0f}" for p in PERCENTILES)
                    if "auto" in results else "-")
         loads = " / ".join(f"{results[name]['load'][0]:.1f}" for name in names)
         lines.append(f"| {phase} | {n} | " + " | ".join(f"{results[name]['tokens_per_s']:.1f}" for name in names)
-                     + f" | {fmt(row['vs_best'])} | {fmt(row['vs_builtin'])} | {latency} | {bound} | {shares} "
+                     + f" | {fmt(row['vs_best'], row['vs_best_paired'])} "
+                     f"| {fmt(row['vs_builtin'], row['vs_builtin_paired'])} | {latency} | {bound} | {shares} "
                      f"| {loads} |")
         rows.append(row)
     return "\n".join(lines), rows
@@ -597,15 +614,16 @@ def main():
         build_checkpoint(RESULTS)
     bandwidths = [measure_read_bandwidth()]
     print(f"{cpu_name()}; read bandwidth {bandwidths[0] / 1e9:.1f} GB/s; load {os.getloadavg()}", flush=True)
-    best, loads = run_benchmark(args, bandwidths)
+    best, rates, loads = run_benchmark(args, bandwidths)
     bandwidth = max(bandwidths)
     header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s (best of "
               f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s measured before the run and after each round)")
-    text, rows = table(args, best, bandwidth)
+    text, rows = table(args, best, rates, bandwidth)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{header}\nload averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"prefill {args.prefill_len} tokens/request; decode {args.decode_len} tokens after a "
-              f"{args.decode_prompt_len}-token prompt; {args.rounds} rounds, best shown\n\n{text}\n")
+              f"{args.decode_prompt_len}-token prompt; {args.rounds} rounds, best shown (paired in "
+              f"parentheses)\n\n{text}\n")
     print("\n" + report)
     stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ())
     (RESULTS / f"{stem}.md").write_text(report)
@@ -624,7 +642,7 @@ def main_mtp(args):
     if args.scale_layers:
         args.model = scaled_checkpoint(args.model, args.scale_layers)
     print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)
-    best, loads = run_benchmark(args, [])
+    best, _, loads = run_benchmark(args, [])
     text, rows = mtp_table(args, best)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{cpu_name()}, {os.cpu_count()} CPUs; {args.model.name}, {args.mtp} speculative tokens\n"
