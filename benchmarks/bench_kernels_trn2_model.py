@@ -126,7 +126,7 @@ def group_sweep(s, sizes):
 
 
 def targets(kernel_rows, quick):
-    """The issue's modeled targets, each with the figure reached (the quick shapes are too small to judge)."""
+    """The modeled targets, each with the figure reached (the quick shapes are too small to judge)."""
     print("\nTargets (modeled)" + ("  [--quick shapes: not representative]" if quick else ""))
     shares = {name.split()[0] + " " + name.split()[1]: r for name, r in kernel_rows}
     schur = shares["gdn_cte schur"]

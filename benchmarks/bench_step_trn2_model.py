@@ -67,7 +67,7 @@ PROMPT = 1024
 # vllm-neuron's own Qwen3.5 port on trn2.3xlarge, TP = 4, 1024 tokens in: (TTFT ms, TPOT ms).
 PUBLISHED = {"Qwen/Qwen3.5-2B": (145.0, 3.88), "Qwen/Qwen3.5-27B": (284.0, 48.5),
              "Qwen/Qwen3.5-35B-A3B": (230.0, 36.17)}
-# The targets (modeled): TPOT within 1.3x of the HBM floor; these per model.
+# The targets (modeled): TPOT within 1.3x of the HBM floor; these per model.
 TARGETS = {"Qwen/Qwen3.5-35B-A3B": ("tpot", 8.0), "Qwen/Qwen3.5-2B": ("ttft", 45.0)}
 FLOOR_RATIO = 1.3
 PERIOD = 4  # one GatedDeltaNet-GatedDeltaNet-GatedDeltaNet-attention period

@@ -10,7 +10,7 @@ from vllm_gdn_neuron.kernels.reference import tolerance
 
 
 def assert_matches(actual, ref, dtype, what):
-    """``actual`` within the issue's tolerance of the float64 reference ``ref``."""
+    """``actual`` within the project's tolerance (``kernels.reference.tolerance``) of the float64 reference ``ref``."""
     assert actual.shape == ref.shape, (what, actual.shape, ref.shape)
     error = (actual.double() - ref).abs().max().item() if ref.numel() else 0.0
     assert error <= tolerance(dtype, ref), f"{what}: max abs error {error:.3g} > {tolerance(dtype, ref):.3g}"
