@@ -37,10 +37,10 @@ How the engines run, and why: one subprocess per engine, each holding an in-proc
 outputs. In-process engines start in seconds (an OpenAI server takes 25-100 s) and their
 timings hold no HTTP, JSON or detokenisation cost, so the numbers are the model and the
 scheduler; a subprocess per engine because the plugin is switched on or off when vLLM loads
-its plugins, once per process, so one process cannot hold both model classes. Both
-subprocesses stay up for the whole run and take turns: every round runs each row on every
-engine back to back (the engine that goes first rotates), so load from elsewhere on a
-shared machine hits all alike; a row's result is its best round (highest tokens/s, its
+its plugins, once per process, so one process cannot hold both model classes. The
+subprocesses stay up for the whole run (for each start, with ``--starts``) and take turns:
+every round runs each row on every engine back to back (the engine that goes first rotates),
+so load from elsewhere on a shared machine hits all alike; a row's result is its best round (highest tokens/s, its
 latencies from that round), and beside each ratio of auto to another engine its paired figure
 in parentheses: the median over rounds of the ratio within the round. Prompts are random token
 ids, new ones each round, the same for every engine; prefix caching is off so every round
@@ -50,6 +50,7 @@ prefills in full.
     python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
     python benchmarks/bench_serve.py --model CKPT     # any Qwen3-Next checkpoint folder
     python benchmarks/bench_serve.py --only decode:1  # one row again (repeatable)
+    python benchmarks/bench_serve.py --starts 3 --rounds 2   # fresh engine processes 3 times
     python benchmarks/bench_serve.py --mtp 3          # multi-token prediction rows (below)
 
 Multi-token prediction (``--mtp N``): the trained tiny checkpoint
@@ -361,6 +362,14 @@ def scenarios(args):
 
 
 def run_benchmark(args, bandwidths):
+    """Every row on every engine, ``args.rounds`` rounds per start of the engines, ``args.starts``
+    starts (fresh subprocesses each: what one process's memory placement does to its speed stays
+    with it for its life, measured here at up to 1.3x for the same kernels).
+
+    Returns:
+        ``(best, rates, loads)``: per ``(phase, n, engine)`` the best round's metrics and the
+        tokens/s of every round in order; the load averages at each round's start and the end.
+    """
     import random
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -368,45 +377,56 @@ def run_benchmark(args, bandwidths):
     if args.mtp:
         plugin_model, builtin_model = mtp_checkpoints(args)
         models = {name: builtin_model if name.startswith("built-in") else plugin_model for name in args.engines}
-    engines = {name: Engine(name, args, RESULTS / f"bench_serve-{name}.log", models.get(name))
-               for name in args.engines}
-    try:
-        for engine in engines.values():
-            engine.reply()  # ready
-        best, rates = {}, {}
-        loads = []
-        rng = random.Random(0)
-        for rnd in range(args.rounds):
-            loads.append(os.getloadavg())
-            for phase, n in scenarios(args):
-                prompt_len = args.prefill_len if phase == "prefill" else args.decode_prompt_len
-                max_tokens = 1 if phase == "prefill" else args.decode_len
-                if args.mtp:
-                    prompts = held_out_prompts(args.model, rng, n, prompt_len)
-                else:
-                    prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
-                names = list(args.engines)
-                for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-                    tag = f"{phase}-{n}-{rnd}"
-                    reply = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=tag))
-                    traces = reply["traces"]
-                    result = (prefill_metrics(traces, prompt_len) if phase == "prefill"
-                              else decode_metrics(traces, per_request=args.mtp_rows))
-                    if "spec" in reply:
-                        result["spec"] = reply["spec"]
-                    key = (phase, n, name)
-                    rates.setdefault(key, []).append(result["tokens_per_s"])
-                    print(f"round {rnd} {phase:7s} N={n:2d} {name:8s} {result['tokens_per_s']:9.1f} tok/s "
-                          f"load {os.getloadavg()[0]:.2f}", flush=True)
-                    if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
-                        best[key] = dict(result, round=rnd, load=os.getloadavg())
-            if not args.mtp:
-                bandwidths.append(measure_read_bandwidth())
-        loads.append(os.getloadavg())
-    finally:
-        for engine in engines.values():
-            engine.close()
+    best, rates, loads = {}, {}, []
+    rng = random.Random(0)
+    for start in range(args.starts):
+        engines = {}
+        try:
+            for name in args.engines:
+                engines[name] = Engine(name, args, RESULTS / f"bench_serve-{name}.log", models.get(name))
+            for engine in engines.values():
+                engine.reply()  # ready
+            for rnd in range(start * args.rounds, (start + 1) * args.rounds):
+                loads.append(os.getloadavg())
+                for phase, n in scenarios(args):
+                    run_row(args, engines, rng, rnd, phase, n, best, rates)
+                if not args.mtp:
+                    bandwidths.append(measure_read_bandwidth())
+        finally:
+            for engine in engines.values():
+                engine.close()
+    loads.append(os.getloadavg())
     return best, rates, loads
+
+
+def run_row(args, engines, rng, rnd, phase, n, best, rates):
+    """Row ``(phase, n)`` of round ``rnd`` on every engine back to back (the first rotates),
+    on new prompts the same for all; records into ``best`` and ``rates``."""
+    prompt_len = args.prefill_len if phase == "prefill" else args.decode_prompt_len
+    max_tokens = 1 if phase == "prefill" else args.decode_len
+    if args.mtp:
+        prompts = held_out_prompts(args.model, rng, n, prompt_len)
+    else:
+        prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
+    names = list(args.engines)
+    for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+        reply = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=f"{phase}-{n}-{rnd}"))
+        traces = reply["traces"]
+        result = (prefill_metrics(traces, prompt_len) if phase == "prefill"
+                  else decode_metrics(traces, per_request=args.mtp_rows))
+        if "spec" in reply:
+            result["spec"] = reply["spec"]
+        key = (phase, n, name)
+        rates.setdefault(key, []).append(result["tokens_per_s"])
+        print(f"round {rnd} {phase:7s} N={n:2d} {name:8s} {result['tokens_per_s']:9.1f} tok/s "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
+            best[key] = dict(result, round=rnd, load=os.getloadavg())
+
+
+def rounds_text(args):
+    """"3 rounds", or "2 starts x 3 rounds" where the engines were started more than once."""
+    return f"{args.rounds} rounds" if args.starts == 1 else f"{args.starts} starts x {args.rounds} rounds"
 
 
 def bound_columns(args, bandwidth, n):
@@ -571,7 +591,9 @@ def main():
     parser.add_argument("--model", type=pathlib.Path, default=RESULTS / CHECKPOINT,
                         help="checkpoint folder (the default is built there if missing)")
     parser.add_argument("--quick", action="store_true", help="short prompts, one round")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per start of the engines")
+    parser.add_argument("--starts", type=int, default=1,
+                        help="start the engines this many times, --rounds rounds each (fresh processes)")
     parser.add_argument("--prefill-len", type=int, default=256)
     parser.add_argument("--decode-prompt-len", type=int, default=64)
     parser.add_argument("--decode-len", type=int, default=32)
@@ -598,6 +620,9 @@ def main():
         return worker(args)
     if args.mtp < 0:
         parser.error(f"--mtp: expected a number of speculative tokens >= 1; got {args.mtp}")
+    for name in ("rounds", "starts"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}: expected a count >= 1; got {getattr(args, name)}")
     args.mtp_rows = args.mtp > 0
     if args.engines is None:
         args.engines = MTP_ENGINES if args.mtp else tuple(ENGINES)
@@ -622,7 +647,7 @@ def main():
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{header}\nload averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"prefill {args.prefill_len} tokens/request; decode {args.decode_len} tokens after a "
-              f"{args.decode_prompt_len}-token prompt; {args.rounds} rounds, best shown (paired in "
+              f"{args.decode_prompt_len}-token prompt; {rounds_text(args)}, best shown (paired in "
               f"parentheses)\n\n{text}\n")
     print("\n" + report)
     stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ())
@@ -648,7 +673,7 @@ def main_mtp(args):
     report = (f"{cpu_name()}, {os.cpu_count()} CPUs; {args.model.name}, {args.mtp} speculative tokens\n"
               f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"decode {args.decode_len} tokens after a {args.decode_prompt_len}-token prompt of held-out text; "
-              f"{args.rounds} rounds, best shown\n\n{text}\n")
+              f"{rounds_text(args)}, best shown\n\n{text}\n")
     print("\n" + report)
     stem = f"bench_serve-mtp{args.mtp}" + (f"-{args.scale_layers}layers" if args.scale_layers else "")
     (RESULTS / f"{stem}.md").write_text(report)
