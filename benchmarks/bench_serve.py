@@ -40,11 +40,11 @@ scheduler; a subprocess per engine because the plugin is switched on or off when
 its plugins, once per process, so one process cannot hold both model classes. The
 subprocesses stay up for the whole run (for each start, with ``--starts``) and take turns:
 every round runs each row on every engine back to back (the engine that goes first rotates),
-so load from elsewhere on a shared machine hits all alike; a row's result is its best round (highest tokens/s, its
-latencies from that round), and beside each ratio of auto to another engine its paired figure
-in parentheses: the median over rounds of the ratio within the round. Prompts are random token
-ids, new ones each round, the same for every engine; prefix caching is off so every round
-prefills in full.
+so load from elsewhere on a shared machine hits all alike; a row's result is its best round
+(highest tokens/s, its latencies from that round), and beside each ratio of auto to another
+engine its paired figure in parentheses: the median over rounds of the ratio within the round.
+Prompts are random token ids, new ones each round, the same for every engine; prefix caching
+is off so every round prefills in full.
 
     python benchmarks/bench_serve.py                  # the full table (~10 min on 2 quiet cores)
     python benchmarks/bench_serve.py --quick          # short prompts, one round: a smoke run
