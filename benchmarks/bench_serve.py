@@ -367,8 +367,8 @@ def run_benchmark(args, bandwidths):
     with it for its life, measured here at up to 1.3x for the same kernels).
 
     Returns:
-        ``(best, rates, loads)``: per ``(phase, n, engine)`` the best round's metrics and the
-        tokens/s of every round in order; the load averages at each round's start and the end.
+        ``(rounds, loads)``: per ``(phase, n, engine)`` the metrics of every round in order (with
+        ``round`` and ``load``); the load averages at each round's start and at the end.
     """
     import random
 
@@ -377,7 +377,7 @@ def run_benchmark(args, bandwidths):
     if args.mtp:
         plugin_model, builtin_model = mtp_checkpoints(args)
         models = {name: builtin_model if name.startswith("built-in") else plugin_model for name in args.engines}
-    best, rates, loads = {}, {}, []
+    rounds, loads = {}, []
     rng = random.Random(0)
     for start in range(args.starts):
         engines = {}
@@ -389,19 +389,19 @@ def run_benchmark(args, bandwidths):
             for rnd in range(start * args.rounds, (start + 1) * args.rounds):
                 loads.append(os.getloadavg())
                 for phase, n in scenarios(args):
-                    run_row(args, engines, rng, rnd, phase, n, best, rates)
+                    run_row(args, engines, rng, rnd, phase, n, rounds)
                 if not args.mtp:
                     bandwidths.append(measure_read_bandwidth())
         finally:
             for engine in engines.values():
                 engine.close()
     loads.append(os.getloadavg())
-    return best, rates, loads
+    return rounds, loads
 
 
-def run_row(args, engines, rng, rnd, phase, n, best, rates):
+def run_row(args, engines, rng, rnd, phase, n, rounds):
     """Row ``(phase, n)`` of round ``rnd`` on every engine back to back (the first rotates),
-    on new prompts the same for all; records into ``best`` and ``rates``."""
+    on new prompts the same for all; appends each engine's metrics to ``rounds``."""
     prompt_len = args.prefill_len if phase == "prefill" else args.decode_prompt_len
     max_tokens = 1 if phase == "prefill" else args.decode_len
     if args.mtp:
@@ -416,12 +416,14 @@ def run_row(args, engines, rng, rnd, phase, n, best, rates):
                   else decode_metrics(traces, per_request=args.mtp_rows))
         if "spec" in reply:
             result["spec"] = reply["spec"]
-        key = (phase, n, name)
-        rates.setdefault(key, []).append(result["tokens_per_s"])
         print(f"round {rnd} {phase:7s} N={n:2d} {name:8s} {result['tokens_per_s']:9.1f} tok/s "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
-        if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
-            best[key] = dict(result, round=rnd, load=os.getloadavg())
+        rounds.setdefault((phase, n, name), []).append(dict(result, round=rnd, load=os.getloadavg()))
+
+
+def best_rounds(rounds):
+    """Per ``(phase, n, engine)`` its round with the highest tokens/s (the first of equals)."""
+    return {key: max(results, key=lambda result: result["tokens_per_s"]) for key, results in rounds.items()}
 
 
 def rounds_text(args):
@@ -441,20 +443,22 @@ def _ratio(results, name, other):
     return results[name]["tokens_per_s"] / results[other]["tokens_per_s"]
 
 
-def _paired(rates, phase, n, name, other):
+def _paired(rounds, phase, n, name, other):
     """Median over rounds of engine ``name``'s tokens/s over ``other``'s within the round (None
     where either did not run): the engines take turns in every round, so load from elsewhere
     that slows one round slows both, which the ratio of best rounds does not cancel."""
-    if (phase, n, name) not in rates or (phase, n, other) not in rates:
+    if (phase, n, name) not in rounds or (phase, n, other) not in rounds:
         return None
-    return statistics.median(a / b for a, b in zip(rates[(phase, n, name)], rates[(phase, n, other)]))
+    return statistics.median(a["tokens_per_s"] / b["tokens_per_s"]
+                             for a, b in zip(rounds[(phase, n, name)], rounds[(phase, n, other)]))
 
 
-def table(args, best, rates, bandwidth):
+def table(args, rounds, bandwidth):
     """The markdown table (tok/s of each engine, auto against the faster plugin backend and the
     built-in, best rounds and paired, auto's latencies, the decode bound and shares, the load)
     and its rows."""
     names = list(args.engines)
+    best = best_rounds(rounds)
     lines = ["| phase | N | " + " | ".join(f"{name} tok/s" for name in names) + " | auto / best backend "
              "| auto / built-in | auto p50 / p90 / p99 ms | bound tok/s | share " + " / ".join(names) + " | load |",
              "|" + "---|" * (len(names) + 8)]
@@ -464,9 +468,9 @@ def table(args, best, rates, bandwidth):
         backends = [name for name in PLUGIN_BACKENDS if name in results]
         fastest = max(backends, key=lambda name: results[name]["tokens_per_s"]) if backends else None
         row = dict(phase=phase, n=n, engines=results, vs_best=_ratio(results, "auto", fastest),
-                   vs_best_paired=_paired(rates, phase, n, "auto", fastest),
+                   vs_best_paired=_paired(rounds, phase, n, "auto", fastest),
                    vs_builtin=_ratio(results, "auto", "built-in"),
-                   vs_builtin_paired=_paired(rates, phase, n, "auto", "built-in"))
+                   vs_builtin_paired=_paired(rounds, phase, n, "auto", "built-in"))
         bound = shares = "-"
         if phase == "decode":
             bound_tps, step_bytes = bound_columns(args, bandwidth, n)
@@ -639,11 +643,11 @@ def main():
         build_checkpoint(RESULTS)
     bandwidths = [measure_read_bandwidth()]
     print(f"{cpu_name()}; read bandwidth {bandwidths[0] / 1e9:.1f} GB/s; load {os.getloadavg()}", flush=True)
-    best, rates, loads = run_benchmark(args, bandwidths)
+    rounds, loads = run_benchmark(args, bandwidths)
     bandwidth = max(bandwidths)
     header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s (best of "
               f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s measured before the run and after each round)")
-    text, rows = table(args, best, rates, bandwidth)
+    text, rows = table(args, rounds, bandwidth)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{header}\nload averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"prefill {args.prefill_len} tokens/request; decode {args.decode_len} tokens after a "
@@ -667,8 +671,8 @@ def main_mtp(args):
     if args.scale_layers:
         args.model = scaled_checkpoint(args.model, args.scale_layers)
     print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)
-    best, _, loads = run_benchmark(args, [])
-    text, rows = mtp_table(args, best)
+    rounds, loads = run_benchmark(args, [])
+    text, rows = mtp_table(args, best_rounds(rounds))
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{cpu_name()}, {os.cpu_count()} CPUs; {args.model.name}, {args.mtp} speculative tokens\n"
               f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
