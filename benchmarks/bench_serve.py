@@ -64,9 +64,10 @@ need a checkpoint with Dv a multiple of 32 given as ``--model``).
 Decode rows only, at N = 1 and 8; the prompts are windows of held-out text of the
 checkpoint's corpus (new ones each round), so the drafts meet the text the head was
 trained on. Decode tok/s there is the sum over requests of each one's tokens after its
-first / its time from its first token to its last. Each ``+mtp`` row also shows vLLM's spec-decode counters over its shown round:
-the acceptance rate of each draft position (accepted tokens at that position / drafts)
-and the mean tokens per verification step (1 + accepted / drafts).
+first / its time from its first token to its last. Each ratio shows its paired figure in
+parentheses, as above. Each ``+mtp`` row also shows vLLM's spec-decode counters over its
+shown round: the acceptance rate of each draft position (accepted tokens at that
+position / drafts) and the mean tokens per verification step (1 + accepted / drafts).
 
 Writes ``benchmarks/results/bench_serve.{md,json,png}`` (``bench_serve-decode1.*`` etc. with ``--only``).
 """
@@ -498,10 +499,12 @@ def acceptance(spec):
     return rates, 1 + sum(spec["accepted_per_pos"]) / drafts
 
 
-def mtp_table(args, best):
+def mtp_table(args, rounds):
     """The ``--mtp`` markdown table: decode tok/s of each engine, MTP against the same engine
-    without it and the plugin's MTP against the built-in's, the acceptance per draft position."""
+    without it and the plugin's MTP against the built-in's (best rounds and paired), the
+    acceptance per draft position."""
     names = list(args.engines)
+    best = best_rounds(rounds)
     ratios = [(f"{name}{MTP_SUFFIX}", name) for name in ("auto", "built-in")] + [("auto+mtp", "built-in+mtp")]
     ratios = [(a, b) for a, b in ratios if a in names and b in names]
     speculative = [name for name in names if name.endswith(MTP_SUFFIX)]
@@ -513,7 +516,9 @@ def mtp_table(args, best):
     rows = []
     for phase, n in scenarios(args):
         results = {name: best[(phase, n, name)] for name in names}
-        row = dict(phase=phase, n=n, engines=results, ratios={f"{a} / {b}": _ratio(results, a, b) for a, b in ratios})
+        row = dict(phase=phase, n=n, engines=results,
+                   ratios={f"{a} / {b}": _ratio(results, a, b) for a, b in ratios},
+                   paired={f"{a} / {b}": _paired(rounds, phase, n, a, b) for a, b in ratios})
         cells = []
         for name in speculative:
             rates, per_step = acceptance(results[name].get("spec", {"drafts": 0}))
@@ -524,7 +529,8 @@ def mtp_table(args, best):
                    if "auto+mtp" in results else "-")
         loads = " / ".join(f"{results[name]['load'][0]:.1f}" for name in names)
         lines.append(f"| {n} | " + " | ".join(f"{results[name]['tokens_per_s']:.1f}" for name in names) + " | "
-                     + " | ".join(f"{ratio:.2f}x" if ratio else "-" for ratio in row["ratios"].values()) + " | "
+                     + " | ".join(f"{row['ratios'][key]:.2f}x ({row['paired'][key]:.2f}x)" for key in row["ratios"])
+                     + " | "
                      + " | ".join(cells) + f" | {latency} | {loads} |")
         rows.append(row)
     return "\n".join(lines), rows
@@ -575,7 +581,8 @@ def plot(rows, path):
         ax.set_xticks(list(xs), [f"N = {r['n']}" for r in sel])
         ax.set_ylabel("tokens/s (best round)")
         ax.set_title(f"{phase}")
-        ax.legend(fontsize=8)
+        if sel:  # --only may leave a phase without rows
+            ax.legend(fontsize=8)
     fig.suptitle("Qwen3-Next real per-layer dims, 4 layers, bf16, CPU: the plugin's backends vs vLLM built-in")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -672,12 +679,12 @@ def main_mtp(args):
         args.model = scaled_checkpoint(args.model, args.scale_layers)
     print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)
     rounds, loads = run_benchmark(args, [])
-    text, rows = mtp_table(args, best_rounds(rounds))
+    text, rows = mtp_table(args, rounds)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{cpu_name()}, {os.cpu_count()} CPUs; {args.model.name}, {args.mtp} speculative tokens\n"
               f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"decode {args.decode_len} tokens after a {args.decode_prompt_len}-token prompt of held-out text; "
-              f"{rounds_text(args)}, best shown\n\n{text}\n")
+              f"{rounds_text(args)}, best shown (paired in parentheses)\n\n{text}\n")
     print("\n" + report)
     stem = f"bench_serve-mtp{args.mtp}" + (f"-{args.scale_layers}layers" if args.scale_layers else "")
     (RESULTS / f"{stem}.md").write_text(report)
