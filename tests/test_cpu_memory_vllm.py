@@ -42,8 +42,6 @@ def vllm_on(monkeypatch):
         return resources
 
     yield machine
-    from vllm.utils import cpu_resource_utils as resources
-
     resources.get_cgroup_memory_limit.cache_clear()
 
 

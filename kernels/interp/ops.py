@@ -82,12 +82,6 @@ softplus = Op("softplus", unary=_softplus)
 abs = Op("abs", unary=np.abs)  # noqa: A001 - NKI's name
 negative = Op("negative", unary=np.negative)
 
-ALL = (
-    add, subtract, multiply, divide, maximum, minimum, power, max, min,
-    equal, not_equal, greater, greater_equal, less, less_equal,
-    copy, exp, log, sigmoid, silu, tanh, relu, gelu_apprx_tanh, sqrt, rsqrt, square,
-    reciprocal, softplus, abs, negative,
-)
 
 _FROM_NUMPY = {
     np.add: add, np.subtract: subtract, np.multiply: multiply, np.divide: divide,

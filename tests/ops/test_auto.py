@@ -24,6 +24,13 @@ def test_cpu_kind_of_flag_sets(flags, kind):
     assert cpu_isa.cpu_kind(flags) == kind
 
 
+def test_every_measured_kind_and_phase_is_one_cpu_kind_can_return():
+    """A misspelt kind or phase in ``auto.MEASURED`` would never match and silently time instead."""
+    assert set(auto.MEASURED) <= set(cpu_isa.KINDS)
+    assert all(set(phases) <= set(auto.PHASES) for phases in auto.MEASURED.values())
+    assert {cpu_isa.cpu_kind(flags) for flags in (AMX, AVX512_BF16, AVX512, AVX2, ARM)} == set(cpu_isa.KINDS)
+
+
 def test_cpu_flags_are_read_from_cpuinfo_else_from_torch(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n"

@@ -12,7 +12,7 @@ from ops_testing import assert_matches, make_gdn_inputs
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import gdn_recurrence
 from vllm_gdn_neuron.ops.backends.torch import chunked
-from vllm_gdn_neuron.ops.backends.torch.chunk_layout import (ChunkLayout, ChunkPlan, VarlenChunkLayout, longest_first,
+from vllm_gdn_neuron.ops.backends.torch.chunk_layout import (ChunkLayout, VarlenChunkLayout, longest_first,
                                                              varlen_chunk_bound)
 
 CHUNK = 8

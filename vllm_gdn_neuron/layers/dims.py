@@ -139,7 +139,7 @@ def count_weights(dims: ModelDims) -> WeightCount:
     split = dims.vocab_size * h * (1 if dims.tie_word_embeddings else 2)
     replicated = h  # the final norm
     kv = 0
-    hk, hv = dims.linear_num_key_heads, dims.linear_num_value_heads
+    hv = dims.linear_num_value_heads
     value_width = hv * dims.linear_value_head_dim
     for index, kind in enumerate(dims.layer_types):
         replicated += 2 * h  # input and post-attention norms
