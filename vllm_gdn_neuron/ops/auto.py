@@ -71,8 +71,8 @@ def _every_phase(backend, why):
 #: A kind not listed (AVX-512 BF16 without AMX, non-x86), or a phase its entry leaves out, is
 #: timed at start-up.
 MEASURED = {
-    "amx": _every_phase("vllm_cpu", "vLLM's kernels measured 1.8-11x (prefill), 1.6-11x (decode) and 4-16x "
-                                    "(conv) faster than torch on an Intel Xeon with AMX"),
+    "amx": _every_phase("vllm_cpu", "vLLM's kernels measured 1.5-11x (prefill), 1.6-11x (decode) and 2.5-16x "
+                                    "(conv) faster than torch on two Intel Xeons with AMX"),
     "avx512": _every_phase("torch", "torch measured 1.6x (prefill) and 1.1-1.3x (decode) faster served than "
                                     "vLLM's kernels on an Intel Xeon with AVX-512 without BF16"),
     # GDN decode is left to the start-up measurement: on the AMD EPYC (Zen 3) measured, vLLM's
