@@ -35,6 +35,31 @@ def pytest_xdist_make_scheduler(config, log):
     return EngineTestsTogether(config, log)
 
 
+@pytest.fixture(autouse=True)
+def one_thread_beside_another_worker(request):
+    """Outside ``ENGINE_FOLDERS``, torch runs each test on one thread when pytest-xdist runs
+    more than one worker.
+
+    Two workers on this project's 2-core machines would otherwise run two threads each: every
+    parallel torch op then waits at its barrier for a thread that the other worker's threads
+    keep off a core (the fast subset took 127-139 s so, 38-40 s with one thread a worker, on a
+    2-vCPU Intel Xeon). The engine tests keep the threads vLLM's CPU worker binds for them.
+    ``torch._C``'s own setter: an in-process vLLM engine replaces ``torch.set_num_threads``
+    by a no-op once it has bound its threads, and a worker may run such an engine first.
+    """
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2 or request.node.nodeid.startswith(ENGINE_FOLDERS):
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch._C.set_num_threads(threads)
+
+
 @pytest.fixture
 def nki_launches(monkeypatch):
     """A Counter of NKI kernel launches by kernel name, counting from the test's start."""
