@@ -44,20 +44,16 @@ def one_thread_beside_another_worker(request):
     parallel torch op then waits at its barrier for a thread that the other worker's threads
     keep off a core (the fast subset took 127-139 s so, 38-40 s with one thread a worker, on a
     2-vCPU Intel Xeon). The engine tests keep the threads vLLM's CPU worker binds for them.
-    ``torch._C``'s own setter: an in-process vLLM engine replaces ``torch.set_num_threads``
-    by a no-op once it has bound its threads, and a worker may run such an engine first.
+    ``one_torch_thread`` works after an in-process vLLM engine has made
+    ``torch.set_num_threads`` a no-op, and a worker may run such an engine first.
     """
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2 or request.node.nodeid.startswith(ENGINE_FOLDERS):
         yield
         return
-    import torch
+    from vllm_gdn_neuron.ops.auto import one_torch_thread
 
-    threads = torch.get_num_threads()
-    torch._C.set_num_threads(1)
-    try:
+    with one_torch_thread():
         yield
-    finally:
-        torch._C.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ project's ``torch`` math and vLLM's C++ kernels (``vllm_cpu``). Per phase and sh
 a public op, pays for the measurement and every later call is a dictionary lookup.
 """
 
+import contextlib
 import functools
 import time
 from typing import Callable, NamedTuple
@@ -203,17 +204,28 @@ def time_candidates(phase: str, shape) -> dict:
     winners flipped between rounds, thread-time winners did not).
     """
     run = _phase_call(phase, shape)
-    threads = torch.get_num_threads()
-    # torch._C's own setter: vLLM's CPU worker replaces torch.set_num_threads by a no-op once it
-    # has bound its threads to cores; going down to one thread and back keeps that pool.
-    torch._C.set_num_threads(1)
-    try:
-        best = dict.fromkeys(CANDIDATES, float("inf"))
+    best = dict.fromkeys(CANDIDATES, float("inf"))
+    with one_torch_thread():
         for _ in range(MEASURE_ROUNDS):
             for name in CANDIDATES:
                 start = time.thread_time()
                 run(name)
                 best[name] = min(best[name], time.thread_time() - start)
+    return best
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch's intra-op work on one thread inside the block, on as many as before after it.
+
+    Notes:
+        ``torch._C``'s own setter: vLLM's CPU worker replaces ``torch.set_num_threads`` by a
+        no-op once it has bound its threads to cores; going down to one thread and back keeps
+        that pool.
+    """
+    threads = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        yield
     finally:
         torch._C.set_num_threads(threads)
-    return best
