@@ -17,7 +17,9 @@ Which classes it registers depends on the platform, and only on the platform:
   image support, which this text-only torch path would silently replace.
   ``VLLM_GDN_NEURON_ANY_PLATFORM=1`` registers the vLLM shell there too (to compare, or where
   vLLM's classes cannot serve);
-- on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.neuron.model`)
+- on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.neuron.model`),
+  through its registry entry (:mod:`vllm_gdn_neuron.neuron.registry_entry`: vLLM's front end
+  inspects the entry, vllm-neuron's runner builds the shell from it with ``from_configs``),
   under names no other package ships (``NEURON_ARCHITECTURES``), chosen per model with
   ``--hf-overrides '{"architectures": ["VllmGdnNeuronQwen3_5ForCausalLM"]}'`` (the
   ``...ForConditionalGeneration`` names resolve to :mod:`vllm_gdn_neuron.neuron_multimodal`,
@@ -46,8 +48,9 @@ _MTP_MODULE = "vllm_gdn_neuron.models.qwen3_5_mtp"
 # qwen3_5_moe / qwen3_5_moe_text -> Qwen3_5MoeMTP, qwen3_next -> Qwen3NextMTP.
 MTP_ARCHITECTURES = ("Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP")
 
-_NEURON_MODULE = "vllm_gdn_neuron.neuron.model"
-_NEURON_CLASS = "Qwen3_5NeuronForCausalLM"
+# What vLLM's registry holds for the Neuron names: vLLM's front end inspects it, and
+# vllm-neuron's runner builds the shell from it (``from_configs``).
+_NEURON_TARGET = "vllm_gdn_neuron.neuron.registry_entry:Qwen3_5NeuronRegistryEntry"
 # The vision-language names: the same shell, seen by vLLM as multimodal (images on trn2).
 _NEURON_MULTIMODAL_TARGET = "vllm_gdn_neuron.neuron_multimodal:Qwen3_5NeuronMultiModal"
 # The name a user selects -> the checkpoint architecture whose vLLM config hook it keeps.
@@ -79,7 +82,7 @@ def register() -> None:
     platform = platform_kind()
     if platform == "neuron":
         names = {name: (_NEURON_MULTIMODAL_TARGET if arch.endswith("ForConditionalGeneration")
-                        else f"{_NEURON_MODULE}:{_NEURON_CLASS}", arch) for name, arch in NEURON_ARCHITECTURES.items()}
+                        else _NEURON_TARGET, arch) for name, arch in NEURON_ARCHITECTURES.items()}
     elif platform == "cpu" or os.environ.get(ANY_PLATFORM_ENV) == "1":
         names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
         names.update({arch: (f"{_MTP_MODULE}:{arch}", None) for arch in MTP_ARCHITECTURES})

@@ -178,9 +178,9 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
         assert name.startswith("VllmGdnNeuron") and name.endswith(checkpoint_arch)
         multimodal = checkpoint_arch.endswith("ForConditionalGeneration")
         assert ModelRegistry.models[name].module_name == ("vllm_gdn_neuron.neuron_multimodal" if multimodal
-                                                          else "vllm_gdn_neuron.neuron.model")
+                                                          else "vllm_gdn_neuron.neuron.registry_entry")
         assert ModelRegistry.models[name].class_name == ("Qwen3_5NeuronMultiModal" if multimodal
-                                                         else "Qwen3_5NeuronForCausalLM")
+                                                         else "Qwen3_5NeuronRegistryEntry")
         assert MODELS_CONFIG_MAP[name].is_vllm_gdn_neuron_hook
     # the checkpoints' own names are left to whoever else registers them (vllm-neuron)
     assert {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES} == before

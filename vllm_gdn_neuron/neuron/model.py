@@ -377,9 +377,7 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             hidden, residual = layer(positions, rope_positions, hidden, residual, attn_metadata, is_decode, width,
                                      pending)
         hidden, _ = self.model.norm(hidden, residual)
-        logits = self.lm_head(hidden.index_select(0, sampling_positions.to(torch.int64)))
-        if self.vocab_shards > 1:
-            logits = self.tp_group.all_gather(logits, dim=-1)
+        logits = self.compute_logits(hidden.index_select(0, sampling_positions.to(torch.int64)))
         logits = logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
         if self.sampler is None:
             return logits
@@ -389,12 +387,23 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             commit_states(pending, kept)
         return ids, (logits if self.returns_logits else None)
 
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[T, H]`` token embeddings of ``[T]`` ids (vLLM's name for it)."""
+        return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``[R, V]`` logits of ``[R, H]`` final hidden states, every vocabulary shard gathered (vLLM's name)."""
+        logits = self.lm_head(hidden_states)
+        if self.vocab_shards > 1:
+            logits = self.tp_group.all_gather(logits, dim=-1)
+        return logits
+
     def _input_embeddings(self, input_ids, inputs_embeds, is_token_ids) -> torch.Tensor:
         """``[T, H]``: the embedding of each id, or the prompt embedding where ``is_token_ids`` is False."""
         if inputs_embeds is None:
             if is_token_ids is not None:
                 raise ValueError("is_token_ids was given without inputs_embeds: pass both or neither")
-            return self.model.embed_tokens(input_ids)
+            return self.embed_input_ids(input_ids)
         tokens, hidden_size = input_ids.shape[0], self.config.hidden_size
         if tuple(inputs_embeds.shape) != (tokens, hidden_size):
             raise ValueError(f"inputs_embeds must be [{tokens}, {hidden_size}] (tokens, hidden_size); "
@@ -405,7 +414,7 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         if tuple(is_token_ids.shape) != (tokens,) or is_token_ids.dtype != torch.bool:
             raise ValueError(f"is_token_ids must be a [{tokens}] bool tensor; "
                              f"got {list(is_token_ids.shape)} {is_token_ids.dtype}")
-        return torch.where(is_token_ids[:, None], self.model.embed_tokens(input_ids), embeds)
+        return torch.where(is_token_ids[:, None], self.embed_input_ids(input_ids), embeds)
 
     def _rope_positions(self, rotary_position_ids, tokens: int) -> torch.Tensor:
         """``[3, T]`` M-RoPE positions, or their temporal row ``[T]`` for a config without
