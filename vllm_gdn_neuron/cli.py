@@ -81,7 +81,7 @@ def vllm_version() -> str:
     )
 
 
-def _patch_vllm_version_lookup() -> None:
+def patch_vllm_version_lookup() -> None:
     """Answer ``importlib.metadata.version("vllm")`` from the vLLM build actually installed."""
     try:
         _metadata_version("vllm")
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     except CheckpointError as error:
         print(f"vllm-gdn-serve: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    _patch_vllm_version_lookup()
+    patch_vllm_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", "serve", *args]

