@@ -107,7 +107,7 @@ def grouped_expert_mixture(x: torch.Tensor, weights: torch.Tensor, experts: torc
     Notes:
         Static shapes throughout: ``num_blocks = max_expert_blocks(N, E, B)`` blocks of B
         slots; slot -> token (T = a zero padding row), slot -> weight (0 for padding),
-        block -> expert are built by sort, cumsum, scatter and searchsorted on the device.
+        block -> expert are built by sort, cumsum, scatter and comparisons on the device.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1; got {block_size}")
@@ -120,21 +120,27 @@ def grouped_expert_mixture(x: torch.Tensor, weights: torch.Tensor, experts: torc
     device = x.device
 
     flat_experts = experts.reshape(n)
-    order = torch.argsort(flat_experts, stable=True)  # assignments by expert, token order within one
+    # Assignments by expert, token order within one: the keys are distinct, so any sort keeps that
+    # order (torch-mlir has no StableHLO lowering of a stable sort).
+    order = torch.argsort(flat_experts * n + torch.arange(n, device=device))
     sorted_experts = flat_experts.index_select(0, order)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(
         0, flat_experts, torch.ones(n, dtype=torch.int64, device=device))
-    padded = (counts + (block_size - 1)) // block_size * block_size
+    # Non-negative operands: truncation is floor, without the float divide torch-mlir makes of `//`.
+    padded = torch.div(counts + (block_size - 1), block_size, rounding_mode="trunc") * block_size
     padded_end = torch.cumsum(padded, 0)
     rank_in_expert = torch.arange(n, device=device) - (torch.cumsum(counts, 0) - counts).index_select(0, sorted_experts)
     slot = (padded_end - padded).index_select(0, sorted_experts) + rank_in_expert  # distinct, < slots
 
     slot_token = torch.full((slots,), num_tokens, dtype=torch.int64, device=device).scatter(
-        0, slot, order // top_k)
+        0, slot, torch.div(order, top_k, rounding_mode="trunc"))
     slot_weight = torch.zeros(slots, dtype=weights.dtype, device=device).scatter(
         0, slot, weights.reshape(n).index_select(0, order))
-    block_start = torch.arange(num_blocks, device=device) * block_size
-    block_expert = torch.searchsorted(padded_end, block_start, right=True).clamp_(max=num_experts - 1)
+    # Block b's expert = the experts whose padded blocks end at or before block b (a cumsum of end
+    # marks; torch-mlir has no lowering of searchsorted).
+    ends = torch.zeros(num_blocks + 1, dtype=torch.int64, device=device).index_add_(
+        0, torch.div(padded_end, block_size, rounding_mode="trunc").clamp(max=num_blocks), torch.ones_like(padded_end))
+    block_expert = ends.cumsum(0)[:num_blocks].clamp_(max=num_experts - 1)
 
     rows = torch.cat([x, x.new_zeros(1, hidden_size)]).index_select(0, slot_token).view(num_blocks, block_size, -1)
     hidden = swiglu(torch.bmm(rows, gate_up.index_select(0, block_expert).transpose(1, 2)))  # [nb, B, I]

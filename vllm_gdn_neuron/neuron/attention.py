@@ -108,7 +108,9 @@ class NeuronGatedAttention(GatedAttentionMath):
         num_pages, _, kv_heads, block, dim = pages.shape
         _, sink = reserved_pages(num_pages)
         slots = slot_mapping.to(torch.int64)
-        page = torch.where(live, torch.div(slots, block, rounding_mode="floor"), sink)
+        # Live slots are non-negative: truncation is floor (torch-mlir lowers a floor divide of
+        # integers through float64).
+        page = torch.where(live, torch.div(slots, block, rounding_mode="trunc"), sink)
         offset = torch.where(live, slots % block, 0)
         heads = torch.arange(kv_heads, device=slots.device)
         # Row of (page, kv, head, offset) in the flat [P * 2 * Hkv * B, D] view.

@@ -112,7 +112,9 @@ class BoundPages:
 
     def view(self) -> torch.Tensor:
         """The layer's pages, re-derived from the allocation (call inside the traced step)."""
-        return self.root.view(self.dtype).view(self.shape)
+        # (-1, itemsize) first: torch-mlir lowers a narrow-to-wide dtype view only over a last
+        # dimension of the size ratio.
+        return self.root.view(-1, self.dtype.itemsize).view(self.dtype).view(self.shape)
 
 
 def bind_allocations(caches: dict[str, torch.Tensor]) -> dict[str, BoundPages]:

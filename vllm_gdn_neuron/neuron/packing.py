@@ -59,8 +59,10 @@ def prefill_rows(metadata: dict, positions: torch.Tensor) -> PrefillRows:
     block_size = metadata["block_size"]
     rows, width = table.shape
     positions = positions.to(torch.int64)
-    column = torch.div(positions, block_size, rounding_mode="floor").clamp(0, width - 1)
-    own_block = torch.div(slots, block_size, rounding_mode="floor")
+    # Non-negative positions and slots: truncation is floor (torch-mlir lowers a floor divide of
+    # integers through float64).
+    column = torch.div(positions, block_size, rounding_mode="trunc").clamp(0, width - 1)
+    own_block = torch.div(slots, block_size, rounding_mode="trunc")
     row_ids = torch.arange(rows, dtype=torch.int64, device=table.device)[:, None]
     match = (table.index_select(1, column) == own_block[None, :]) & (slots > 0)[None, :]       # [R, T]
     token_row = torch.where(match, row_ids, rows).amin(0)

@@ -133,13 +133,15 @@ class _ChunkSlots:
             pad = self.is_padding[slots].view((-1,) + (1,) * (rows.dim() - 1))
             rows.masked_fill_(pad, 0)
         chunks = rows.unflatten(0, (hi - lo, self.chunk_size)).transpose(1, 2)
-        return torch.empty(chunks.shape, dtype=torch.float32, device=chunks.device).copy_(chunks)
+        # A contiguous copy, not empty().copy_(): torch-mlir lowers an uninitialised buffer to
+        # tensor.empty, which XLA does not take.
+        return chunks.to(torch.float32, memory_format=torch.contiguous_format)
 
     def scatter(self, out, chunks, lo, hi):
         """Write chunks ``lo .. hi`` (``[hi - lo, H, C, D]``) into ``out [T + 1, H, D]``."""
         index = self.token_index[lo * self.chunk_size:hi * self.chunk_size]
-        rows = torch.empty(chunks.shape[0], chunks.shape[2], *out.shape[1:], dtype=out.dtype, device=out.device)
-        out.index_copy_(0, index, rows.copy_(chunks.transpose(1, 2)).flatten(0, 1))
+        rows = chunks.transpose(1, 2).to(out.dtype, memory_format=torch.contiguous_format)
+        out.index_copy_(0, index, rows.flatten(0, 1))
 
 
 class ChunkLayout(_ChunkSlots):
@@ -167,7 +169,7 @@ class ChunkLayout(_ChunkSlots):
         self.chunk_size = chunk_size
         self.padded_chunks = plan.padded
         lengths = bounds[1:] - bounds[:-1]
-        chunks_per_seq = (lengths + chunk_size - 1) // chunk_size
+        chunks_per_seq = torch.div(lengths + chunk_size - 1, chunk_size, rounding_mode="trunc")  # lengths >= 0
         self.order = longest_first(chunks_per_seq)
         self.num_seqs = self.order.shape[0]
         self.steps, offset, ranks, step_of_row = [], 0, [], []
@@ -216,7 +218,8 @@ class VarlenChunkLayout(_ChunkSlots):
         self.num_chunks = num_chunks
         self.padded_chunks = None
         self.steps = [(m, 1) for m in range(num_chunks)]
-        per_seq = (bounds[1:] - bounds[:-1] + chunk_size - 1) // chunk_size
+        # Non-negative lengths: truncation is floor, without the float divide torch-mlir makes of `//`.
+        per_seq = torch.div(bounds[1:] - bounds[:-1] + chunk_size - 1, chunk_size, rounding_mode="trunc")
         last = per_seq.cumsum(0)
         # Sequence of chunk m = how many sequences end at or before it (a cumsum of end marks).
         ends = torch.zeros(num_chunks + 1, dtype=torch.int64, device=device)

@@ -158,7 +158,7 @@ class _RankedStates:
         _scan(self.state, steps, lo, *chunk_tensors)
 
     def final(self):
-        final_state = torch.empty_like(self.state)
+        final_state = torch.zeros_like(self.state)  # not empty: XLA takes no tensor.empty
         final_state[self.order] = self.state
         return final_state
 
@@ -200,7 +200,7 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
     if initial_state is None:
         initial_state = v.new_zeros(layout.num_seqs, num_v_heads, dim_k, dim_v, dtype=torch.float32)
     states = (_LaneStates if isinstance(layout, VarlenChunkLayout) else _RankedStates)(layout, initial_state.float())
-    out = v.new_empty(layout.num_tokens + 1, num_v_heads, dim_v)
+    out = v.new_zeros(layout.num_tokens + 1, num_v_heads, dim_v)  # not empty: XLA takes no tensor.empty
     for lo, hi, steps in layout.blocks(block_chunks):
         chunk_q, chunk_k, chunk_v = (layout.gather(x, lo, hi) for x in (q, k, v))
         chunk_q.mul_(qk_factors(chunk_q, scale, use_qk_l2norm))
@@ -208,7 +208,7 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
             chunk_k.mul_(qk_factors(chunk_k, 1.0, True))
         chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gates]
         u, w, decayed_q, p, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
-        o = torch.empty_like(u)
+        o = torch.zeros_like(u)  # not empty: XLA takes no tensor.empty (the scan writes it by slices)
         states.scan(steps, lo, u, w, decayed_q, keys, chunk_decay, o)
         layout.scatter(out, o.flatten(0, 1).baddbmm_(p.flatten(0, 1), u.flatten(0, 1)).view(o.shape), lo, hi)
     return out[:-1], states.final()

@@ -21,7 +21,8 @@ def _diagonal_blocks(x, size, pick_row=0, pick_col=0, step=1):
     count = x.shape[-1] // (size * step)
     tiles = x.unflatten(-1, (count, step, size)).unflatten(-4, (count, step, size))
     picked = tiles[..., :, pick_row, :, :, pick_col, :]               # [..., count, size, count, size]
-    return picked.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)         # [..., count, size, size]
+    # A stack of slices, not diagonal(): torch-mlir has no StableHLO lowering of aten.diagonal.
+    return torch.stack([picked[..., i, :, i, :] for i in range(count)], -3)  # [..., count, size, size]
 
 
 def unit_lower_inverse(lower):
