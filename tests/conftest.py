@@ -17,7 +17,7 @@ os.environ["VLLM_CACHE_ROOT"] = os.path.join(_cache_root, os.environ.get("PYTEST
 #: them one after another, so that two never share the two cores and the memory (a real-dims
 #: engine or oracle holds 3-8 GiB; a server derives its cache from the memory free at its
 #: start), while the other worker runs the rest test by test.
-ENGINE_FOLDERS = ("tests/e2e/", "tests/integration/")
+ENGINE_FOLDERS = ("tests/e2e/", "tests/integration/", "tests/neuron/test_engine_serving.py")
 
 
 @pytest.hookimpl(optionalhook=True)

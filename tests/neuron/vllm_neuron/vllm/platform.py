@@ -27,7 +27,12 @@ Carried (each as the fork does it):
   limit; the Neuron scheduler (``NeuronAsyncScheduler`` under async scheduling) in place of
   vLLM's default ones;
 - ``validate_request``: structured outputs refused while they are off; an image whose
-  embeddings exceed the largest compiled vision bucket (over the merge factor) refused.
+  embeddings exceed the largest compiled vision bucket (over the merge factor) refused; and,
+  this project's rule rather than the fork's platform (the runner computes logprobs on the
+  host only in synchronous mode), logprobs refused under async scheduling. Refusals are
+  ``RequestRefused``: on vLLM 0.32 a ``VLLMValidationError`` (its API server answers 400;
+  a plain ``ValueError`` from here became a 500 with an empty message), on 0.24 a
+  ``ValueError``.
 
 The merge factor comes, as in the fork, from vllm-neuron's own model list: only the
 models vllm-neuron ships say theirs, and any other architecture (this plugin's
@@ -71,6 +76,22 @@ WORKER_CLS = "vllm_neuron.vllm.worker.neuron_worker.NeuronWorker"
 SCHEDULER_CLS = "vllm_neuron.vllm.core.scheduler.NeuronScheduler"
 ASYNC_SCHEDULER_CLS = "vllm_neuron.vllm.core.scheduler.NeuronAsyncScheduler"
 EXECUTOR_BACKENDS = ("mp", "uni")
+
+
+try:  # vLLM 0.32: its API server answers a VLLMClientError with a 400, any other error with a 500
+    from vllm.exceptions import VLLMValidationError as _ClientError
+except ImportError:  # vLLM 0.24: a ValueError is the client's
+    _ClientError = ValueError
+
+
+class RequestRefused(*((ValueError,) if _ClientError is ValueError else (_ClientError, ValueError))):
+    """A request this Neuron server does not serve: a 4xx with the reason from vLLM's API server."""
+
+
+LOGPROBS_UNDER_ASYNC = (
+    "Logprobs were requested, but this Neuron server runs with async scheduling and samples on the device; "
+    "the runner computes logprobs on the host only in synchronous mode: restart it with --no-async-scheduling "
+    "to serve them, or send the request without logprobs.")
 
 
 def next_power_of_2(n: int) -> int:
@@ -135,6 +156,7 @@ class NeuronPlatform(Platform):
     supported_quantization: list[str] = ["neuron_quant", "compressed-tensors", "modelopt"]
     # Set by check_and_update_config, read by validate_request (the fork keeps them on the class).
     _enable_structured_outputs: bool = False
+    _async_scheduling: bool = False
     _max_embeds_per_image: int | None = None
 
     @classmethod
@@ -200,6 +222,7 @@ class NeuronPlatform(Platform):
         if not isinstance(structured, bool):
             raise ValueError(f"enable_structured_outputs must be a boolean, got {structured!r}")
         cls._enable_structured_outputs = structured
+        cls._async_scheduling = bool(vllm_config.scheduler_config.async_scheduling)
         cls._validate_quantization(vllm_config)
 
         parallel_config = vllm_config.parallel_config
@@ -266,13 +289,16 @@ class NeuronPlatform(Platform):
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:
         if not cls._enable_structured_outputs and getattr(params, "structured_outputs", None) is not None:
-            raise ValueError(STRUCTURED_OUTPUTS_OFF)
+            raise RequestRefused(STRUCTURED_OUTPUTS_OFF)
+        if cls._async_scheduling and (getattr(params, "logprobs", None) is not None
+                                      or getattr(params, "prompt_logprobs", None) is not None):
+            raise RequestRefused(LOGPROBS_UNDER_ASYNC)
         if cls._max_embeds_per_image is None:
             return
         for modality, positions in (processed_inputs.get("mm_placeholders") or {}).items():
             for position in positions:
                 embeds = position.get_num_embeds()
                 if embeds > cls._max_embeds_per_image:
-                    raise ValueError(f"A {modality} in this request produces {embeds} embedding tokens, over the "
+                    raise RequestRefused(f"A {modality} in this request produces {embeds} embedding tokens, over the "
                                      f"{cls._max_embeds_per_image} the compiled vision encoder takes; send a smaller "
                                      f"image or compile larger num_vision_tokens_buckets.")

@@ -40,14 +40,19 @@ override of the async variant (no speculative decoding here), Prometheus padding
 and diagnostics logging.
 """
 
+import json
 import logging
+import os
 from collections import deque
 from enum import Enum
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger, so that its handler prints these lines in the engine's log.
+logger = logging.getLogger(f"vllm.{__name__}")
+# A folder for this scheduler's step counts (the tests read them); unset: none written.
+STATS_ENV = "VLLM_NEURON_STANDIN_STATS"
 
 
 class SchedulerState(Enum):
@@ -99,6 +104,9 @@ class NeuronScheduler(Scheduler):
         self.holdback_queue: deque = deque()
         self.state = SchedulerState.IDLE
         self._max_kv_concurrent = self._kv_concurrency(vllm_config, kv_cache_config)
+        self.stats = dict(scheduler=type(self).__name__, prefill_steps=0, decode_steps=0, most_prefills_in_a_step=0,
+                          most_decodes_in_a_step=0, most_held_back=0, steps_hiding_decodes=0)
+        self._write_stats()
         logger.info("Neuron scheduler stand-in: %s, one prefill per step, prefill buckets %s, decode buckets %s, "
                     "KV concurrency %d", type(self).__name__, self.num_batched_tokens_buckets, self.num_seqs_buckets,
                     self._max_kv_concurrent)
@@ -168,7 +176,30 @@ class NeuronScheduler(Scheduler):
             self.waiting.add_request(self.holdback_queue.popleft())
         self._pad(output)
         self._update_state(output)
+        self._count(output, hidden)
         return output
+
+    def _count(self, output, hidden: list) -> None:
+        """Step counts for the tests (``STATS_ENV``)."""
+        if not output.num_scheduled_tokens:
+            return
+        stats = self.stats
+        requests = len(output.num_scheduled_tokens)
+        kind = "prefill" if self.state == SchedulerState.ACTIVE_PREFILL else "decode"
+        stats[f"{kind}_steps"] += 1
+        stats[f"most_{kind}s_in_a_step"] = max(stats[f"most_{kind}s_in_a_step"], requests)
+        stats["most_held_back"] = max(stats["most_held_back"], len(self.waiting) if kind == "prefill" else 0)
+        stats["steps_hiding_decodes"] += bool(hidden) and kind == "prefill"
+        self._write_stats()
+
+    def _write_stats(self) -> None:
+        folder = os.environ.get(STATS_ENV)
+        if not folder:
+            return
+        path = os.path.join(folder, f"scheduler-{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.stats, f)
+        os.replace(path + ".tmp", path)
 
     def _schedule_hiding(self, hidden: list, throttle_prefills: bool):
         """vLLM's scheduling of what is left visible, its running limits lowered by the hidden count."""

@@ -43,7 +43,7 @@ synchronous mode; the platform is where async requests for them are refused), no
 speculative decoding or vision inputs through this worker, one rank (TP 1).
 
 Observability for the tests: with ``VLLM_NEURON_STANDIN_STATS`` naming a folder, the
-worker writes ``stats-<pid>.json`` there after warm-up and after every step: graphs traced
+worker writes ``worker-<pid>.json`` there after warm-up and after every step: graphs traced
 at warm-up and since, the bucket count, step kinds and their padded sizes.
 """
 
@@ -64,7 +64,8 @@ import runner_cache
 from runner import (EngineSettings, GraphRecorder, NeuronRunnerStandIn, Request, Sampling, block_table_width,
                     symbolic_graphs)
 
-logger = logging.getLogger(__name__)
+# Under vLLM's logger, so that its handler prints these lines in the engine's log.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 STATS_ENV = "VLLM_NEURON_STANDIN_STATS"
 STRUCTURED_OUTPUTS_OFF = ("Structured outputs were requested, but neuron_config.enable_structured_outputs is off "
@@ -354,7 +355,7 @@ class NeuronWorker(WorkerBase):
         folder = os.environ.get(STATS_ENV)
         if not folder:
             return
-        path = os.path.join(folder, f"stats-{os.getpid()}.json")
+        path = os.path.join(folder, f"worker-{os.getpid()}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(self.stats, f)
         os.replace(path + ".tmp", path)

@@ -1,0 +1,238 @@
+"""The trn2 route served end to end through vLLM's own engine on CPU.
+
+``vllm-gdn-serve MODEL --config <a shipped trn2 config, scaled>`` with ``VLLM_NEURON_STANDIN=1``
+and ``tests/neuron`` on ``PYTHONPATH``: vLLM picks the Neuron platform stand-in
+(``tests/neuron/vllm_neuron``) as its platform plugin, resolves the config's ``VllmGdnNeuron*``
+architecture, and starts its API server and engine core, whose scheduler is the stand-in
+``NeuronAsyncScheduler`` (``NeuronScheduler`` without async scheduling) and whose worker is
+the stand-in ``NeuronWorker`` hosting the runner stand-in (``runner.py``) with the Neuron
+shell. Every request below goes through vLLM's OpenAI server, its input processing,
+scheduler, executor and output processing.
+
+The config is the shipped one scaled to a tiny checkpoint of its family
+(``test_trn2_configs_start.scaled`` / ``tiny_checkpoint``: every token count divided by one
+power of two, the bucket structure kept), in float32 (transformers' ids must match exactly),
+at tensor-parallel size 1 (the worker stand-in runs one rank on this 2-core machine).
+
+What the worker reports (``VLLM_NEURON_STANDIN_STATS``: graphs traced at warm-up and since,
+step kinds, buckets used) shows one static graph per bucket and no recompile: every step
+after warm-up runs under ``torch.compiler.set_stance("fail_on_recompile")``, so a recompile
+would also fail the request.
+
+One server per config kind (module-scoped), shared by the tests of that kind.
+"""
+
+import contextlib
+import glob
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+import torch
+import yaml
+
+from neuron_testing import oracle
+from test_trn2_configs_start import scaled, tiny_checkpoint
+
+from serving import REQUEST_TIMEOUT_S, Server, all_at_once, completion, free_port, generated_ids, stream_events
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+NEURON_TESTS = pathlib.Path(__file__).resolve().parent
+SERVED_NAME = "trn2-tiny"
+START_TIMEOUT_S = 300
+STOP_TIMEOUT_S = 30
+MAX_TOKENS = 6
+
+pytestmark = pytest.mark.slow
+
+
+def served_settings(path: pathlib.Path, **overrides) -> dict:
+    """A shipped config scaled to the tiny checkpoints, float32, one rank, ``overrides`` on top."""
+    settings = scaled(yaml.safe_load(path.read_text()))
+    settings.update({"dtype": "float32", "tensor-parallel-size": 1, "served-model-name": SERVED_NAME}, **overrides)
+    settings.pop("model", None)  # the tiny checkpoint is given on the command line
+    return settings
+
+
+@contextlib.contextmanager
+def neuron_server(settings: dict, model_dir: str, folder: pathlib.Path):
+    """``vllm-gdn-serve model_dir --config <settings>`` on the Neuron platform stand-in, healthy, stopped on exit."""
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    stats = folder / "stats"
+    stats.mkdir()
+    env = {**os.environ, "VLLM_NEURON_STANDIN": "1", "VLLM_NEURON_STANDIN_STATS": str(stats),
+           "PYTHONPATH": os.pathsep.join([str(NEURON_TESTS), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    port = free_port()
+    log_path = folder / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["vllm-gdn-serve", model_dir, "--config", str(config), "--host", "127.0.0.1",
+                                 "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy after {START_TIMEOUT_S} s:\n{log_path.read_text()[-6000:]}")
+            time.sleep(1)
+        yield Server(base=base, pgid=proc.pid, log_path=log_path, model=SERVED_NAME)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def reported(server: Server, who: str) -> dict:
+    """What the stand-in ``who`` (``worker`` or ``scheduler``) last wrote to the stats folder."""
+    (path,) = glob.glob(str(server.log_path.parent / "stats" / f"{who}-*.json"))
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def prompt_of(length: int, seed: int, vocab_size: int = 512) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab_size, (length,), generator=generator).tolist()
+
+
+@pytest.fixture(scope="module")
+def dense(tiny_model, tmp_path_factory):
+    """``configs/serve-trn2.yaml`` as shipped (async scheduling, on-device sampling), scaled."""
+    settings = served_settings(REPO / "configs" / "serve-trn2.yaml")
+    assert settings["async-scheduling"] is True
+    model_dir = tiny_checkpoint(settings, tiny_model)
+    with neuron_server(settings, model_dir, tmp_path_factory.mktemp("serve-trn2")) as server:
+        yield server, settings, model_dir
+
+
+def test_the_engine_runs_the_neuron_scheduler_and_worker(dense):
+    server, settings, _ = dense
+    log = server.log_path.read_text()
+    assert "Neuron scheduler stand-in: NeuronAsyncScheduler" in log
+    assert "Neuron worker stand-in: warm-up traced" in log
+    assert reported(server, "scheduler")["scheduler"] == "NeuronAsyncScheduler"
+    models = requests.get(f"{server.base}/v1/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [SERVED_NAME]
+
+
+def test_completions_of_every_prefill_bucket_equal_transformers(dense):
+    """Prompts for the small and the large prefill bucket (``num_batched_tokens_buckets`` scaled),
+    one at a time, streamed and not."""
+    server, settings, model_dir = dense
+    small, large = settings["additional-config"]["neuron_config"]["num_batched_tokens_buckets"]
+    for i, (length, stream) in enumerate([(1, False), (small - 1, True), (small + 5, False), (large - 8, True)]):
+        prompt = prompt_of(length, i)
+        got = generated_ids(server, {"prompt": prompt, "max_tokens": MAX_TOKENS, "stream": stream})
+        want, _ = oracle.hf_greedy(model_dir, torch.float32, prompt, MAX_TOKENS)
+        assert got == want, (length, stream)
+
+
+def test_concurrent_requests_arriving_while_others_decode_equal_transformers(dense):
+    """More requests than ``max-num-seqs`` at once: prompts wait in the holdback queue, prefill one
+    per step while the rest decode between them; every other one streams."""
+    server, settings, model_dir = dense
+    lengths = [3, 40, 9, 70, 1, 25, 50]
+    batch = [{"prompt": prompt_of(n, 100 + i), "max_tokens": 3 + i % 4, "stream": bool(i % 2)}
+             for i, n in enumerate(lengths)]
+    assert len(batch) > settings["max-num-seqs"]
+    before = reported(server, "scheduler")
+    got = all_at_once(server, batch, workers=len(batch))
+    for request, ids in zip(batch, got):
+        want, _ = oracle.hf_greedy(model_dir, torch.float32, request["prompt"], request["max_tokens"])
+        assert ids == want, len(request["prompt"])
+    steps = reported(server, "scheduler")
+    assert steps["prefill_steps"] - before["prefill_steps"] == len(batch)  # one prompt per prefill step
+    assert steps["most_prefills_in_a_step"] == 1
+    assert steps["most_decodes_in_a_step"] == settings["max-num-seqs"]
+    assert steps["most_held_back"] >= 1  # prompts waited while another one prefilled
+    assert steps["steps_hiding_decodes"] > before["steps_hiding_decodes"]  # decodes waited for a prefill
+
+
+def test_chat_n_and_stop_strings(dense):
+    server, _, model_dir = dense
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": "the river and the mountain"}]
+    body = {"model": SERVED_NAME, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}
+    reply = requests.post(f"{server.base}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+    assert reply.status_code == 200, reply.text
+    reply = reply.json()
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert reply["prompt_token_ids"] == prompt
+    want, _ = oracle.hf_greedy(model_dir, torch.float32, prompt, MAX_TOKENS)
+    assert reply["choices"][0]["token_ids"] == want
+    streamed = "".join(event["choices"][0]["delta"].get("content") or ""
+                       for event in stream_events(server, "/v1/chat/completions",
+                                                  {"messages": messages, "max_tokens": MAX_TOKENS}))
+    assert streamed == reply["choices"][0]["message"]["content"]
+
+    # n (vLLM takes n > 1 only for sampled requests): top-k 1 sampled on the device is transformers'
+    # greedy continuation in every choice.
+    text_prompt = prompt_of(12, 7)
+    choices = completion(server, prompt=text_prompt, max_tokens=MAX_TOKENS, n=3, temperature=1.0, top_k=1,
+                         return_token_ids=True)["choices"]
+    want, _ = oracle.hf_greedy(model_dir, torch.float32, text_prompt, MAX_TOKENS)
+    assert len(choices) == 3 and all(c["token_ids"] == want for c in choices)
+
+    # A stop string taken from the greedy text: the answer ends right before it.
+    whole = completion(server, prompt=text_prompt, max_tokens=MAX_TOKENS)["choices"][0]
+    text = whole["text"]
+    stop = text[len(text) // 2:][:2]
+    assert stop and "\ufffd" not in stop, text
+    stopped = completion(server, prompt=text_prompt, max_tokens=MAX_TOKENS, stop=[stop])["choices"][0]
+    assert stopped["finish_reason"] == "stop" and stopped["text"] == text[:text.index(stop)]
+
+
+REFUSED = {
+    "structured outputs with enable_structured_outputs off": (
+        {"response_format": {"type": "json_object"}}, "enable_structured_outputs"),
+    "a structured-outputs choice with enable_structured_outputs off": (
+        {"structured_outputs": {"choice": ["yes", "no"]}}, "enable_structured_outputs"),
+    "logprobs under async scheduling": ({"logprobs": 2}, "async scheduling"),
+}
+
+
+def test_refused_requests_get_a_4xx_with_the_reason_and_the_server_keeps_serving(dense):
+    server, _, model_dir = dense
+    prompt = prompt_of(10, 3)
+    want, _ = oracle.hf_greedy(model_dir, torch.float32, prompt, MAX_TOKENS)
+    for name, (overrides, reason) in REFUSED.items():
+        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, **overrides}
+        response = requests.post(f"{server.base}/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+        assert 400 <= response.status_code < 500, (name, response.status_code, response.text)
+        assert reason in response.text, (name, response.text)
+        assert requests.get(f"{server.base}/health", timeout=10).status_code == 200
+        assert generated_ids(server, {"prompt": prompt, "max_tokens": MAX_TOKENS}) == want
+
+
+def test_one_static_graph_per_bucket_and_no_recompile(dense):
+    """The graphs the worker traced (at warm-up and since) and the steps it ran, after a prompt per prefill
+    bucket and whatever the other tests sent."""
+    server, settings, _ = dense
+    neuron = settings["additional-config"]["neuron_config"]
+    buckets = len(neuron["num_batched_tokens_buckets"]) + len(neuron["num_seqs_buckets"])
+    for bucket in neuron["num_batched_tokens_buckets"]:  # a prompt filling each prefill bucket
+        generated_ids(server, {"prompt": prompt_of(bucket - 2, bucket), "max_tokens": 2})
+    stats = reported(server, "worker")
+    assert stats["buckets"] == buckets
+    assert stats["warm_graphs"] == buckets and stats["graphs"] == buckets, stats
+    assert stats["symbolic"] == 0
+    assert stats["prefill_buckets_used"] == sorted(neuron["num_batched_tokens_buckets"])
+    assert stats["decode_buckets_used"] == neuron["num_seqs_buckets"]
+    assert stats["most_prefill_requests"] == 1
+    assert stats["async_outputs"] == stats["prefill_steps"] + stats["decode_steps"] > 0
