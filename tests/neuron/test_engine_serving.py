@@ -236,3 +236,53 @@ def test_one_static_graph_per_bucket_and_no_recompile(dense):
     assert stats["decode_buckets_used"] == neuron["num_seqs_buckets"]
     assert stats["most_prefill_requests"] == 1
     assert stats["async_outputs"] == stats["prefill_steps"] + stats["decode_steps"] > 0
+
+
+@pytest.fixture(scope="module")
+def moe_synchronous(tiny_model, tmp_path_factory):
+    """``configs/trn2/qwen3_5-35b-a3b.yaml`` scaled, with synchronous scheduling (``no-async-scheduling``,
+    the configs' route for logprobs): the MoE shell under ``NeuronScheduler``."""
+    settings = served_settings(REPO / "configs" / "trn2" / "qwen3_5-35b-a3b.yaml")
+    settings.pop("async-scheduling")
+    settings["no-async-scheduling"] = True
+    model_dir = tiny_checkpoint(settings, tiny_model)
+    with neuron_server(settings, model_dir, tmp_path_factory.mktemp("moe-sync")) as server:
+        yield server, settings, model_dir
+
+
+def test_synchronous_moe_server_serves_concurrent_requests_with_transformers_ids(moe_synchronous):
+    server, settings, model_dir = moe_synchronous
+    assert "Neuron scheduler stand-in: NeuronScheduler," in server.log_path.read_text()
+    small, large = settings["additional-config"]["neuron_config"]["num_batched_tokens_buckets"]
+    lengths = [2, small - 3, large - 10, 17, 30]
+    batch = [{"prompt": prompt_of(n, 200 + i), "max_tokens": 4, "stream": bool(i % 2)} for i, n in enumerate(lengths)]
+    got = all_at_once(server, batch, workers=len(batch))
+    for request, ids in zip(batch, got):
+        want, _ = oracle.hf_greedy(model_dir, torch.float32, request["prompt"], request["max_tokens"])
+        assert ids == want, len(request["prompt"])
+    steps, stats = reported(server, "scheduler"), reported(server, "worker")
+    assert steps["scheduler"] == "NeuronScheduler" and steps["most_prefills_in_a_step"] == 1
+    assert steps["prefill_steps"] == len(batch)
+    neuron = settings["additional-config"]["neuron_config"]
+    buckets = len(neuron["num_batched_tokens_buckets"]) + len(neuron["num_seqs_buckets"])
+    assert stats["warm_graphs"] == stats["graphs"] == buckets and stats["symbolic"] == 0
+    assert stats["async_outputs"] == 0
+
+
+def test_logprobs_in_synchronous_mode_are_transformers_log_softmax(moe_synchronous):
+    """The sampled token's logprob and the top 3 at every step, against transformers' fp32 logits."""
+    server, _, model_dir = moe_synchronous
+    prompt = prompt_of(20, 11)
+    choice = completion(server, prompt=prompt, max_tokens=4, logprobs=3, return_tokens_as_token_ids=True,
+                        return_token_ids=True)["choices"][0]
+    want, logits = oracle.hf_greedy(model_dir, torch.float32, prompt, 4)
+    assert choice["token_ids"] == want
+    expected = torch.log_softmax(logits, dim=-1)
+    for step, (token, logprob, top) in enumerate(zip(choice["logprobs"]["tokens"], choice["logprobs"]["token_logprobs"],
+                                                     choice["logprobs"]["top_logprobs"])):
+        assert token == f"token_id:{want[step]}"
+        assert logprob == pytest.approx(float(expected[step, want[step]]), abs=1e-4)
+        values, ids = torch.topk(expected[step], 3)
+        assert {int(k.removeprefix("token_id:")) for k in top} == set(ids.tolist())
+        for key, value in top.items():
+            assert value == pytest.approx(float(expected[step, int(key.removeprefix("token_id:"))]), abs=1e-4)

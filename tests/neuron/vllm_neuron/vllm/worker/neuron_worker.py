@@ -38,9 +38,10 @@ decode bucket).
 
 Still imitation, not the fork's code: ids are read back to the host inside the step (the
 stand-in has no device future, so ``get_output`` only defers when the ids reach the request
-state and the client), logprobs are not computed (the fork computes them on the host in
-synchronous mode; the platform is where async requests for them are refused), no
-speculative decoding or vision inputs through this worker, one rank (TP 1).
+state and the client); logprobs in synchronous mode are the log-softmax of the logits the
+step returned, computed here in vLLM's sampler's layout (the fork's host-side ``_sample``
+path was not read; under async scheduling the platform refuses them); no prompt logprobs,
+speculative decoding or vision inputs through this worker; one rank (TP 1).
 
 Observability for the tests: with ``VLLM_NEURON_STANDIN_STATS`` naming a folder, the
 worker writes ``worker-<pid>.json`` there after warm-up and after every step: graphs traced
@@ -57,7 +58,7 @@ import time
 import numpy as np
 import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 import runner_cache
@@ -109,6 +110,7 @@ class ExecuteModelState:
 
     req_ids: list[str]
     sampled: list[list[int]]  # per request, [] for an intermediate prefill chunk
+    logprobs: LogprobsLists | None = None
 
 
 class AsyncNeuronOutputStandIn(AsyncModelRunnerOutput):
@@ -259,6 +261,7 @@ class NeuronWorker(WorkerBase):
                               sampling_of(new.sampling_params))
             request.computed = new.num_computed_tokens
             request.blocks = {g: list(ids) for g, ids in enumerate(new.block_ids)}
+            request.num_logprobs = new.sampling_params.logprobs  # None: none asked for
             self.requests[new.req_id] = request
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, block_ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
@@ -319,8 +322,30 @@ class NeuronWorker(WorkerBase):
         self.stats["symbolic"] = symbolic_graphs(self.recorder)
         by_request = {id(req): req_id for req_id, req in requests.items()}
         order = [by_request[id(req)] for req in runner.batch]  # the persistent batch's rows
-        self._state = ExecuteModelState(order, [sampled[r] for r in order])
+        self._state = ExecuteModelState(order, [sampled[r] for r in order],
+                                        self._logprobs([requests[r] for r in order], [sampled[r] for r in order]))
         return None
+
+    def _logprobs(self, requests: list[Request], sampled: list[list[int]]) -> LogprobsLists | None:
+        """vLLM's sampled-token logprobs (raw logits' log-softmax: the sampled id, its rank, the top ones)
+        from the logits the step returned, for a step where some request asks for them. The runner reads
+        logits back only in synchronous mode (the platform refuses logprobs under async scheduling)."""
+        wanted = [getattr(r, "num_logprobs", None) for r in requests]
+        if all(k is None for k in wanted):
+            return None
+        output = self.model_runner.outputs[-1][0]
+        logits = output[1] if self.model_runner.on_device_sampling else output
+        if logits is None:
+            raise RuntimeError("logprobs asked for, but the step returned no logits (neuron_config.max_logprobs 0)")
+        logprobs = torch.log_softmax(logits[:len(requests)].float(), dim=-1)
+        top = max(k for k in wanted if k is not None)
+        top = logprobs.shape[-1] if top == -1 else top
+        chosen = torch.tensor([ids[0] if ids else 0 for ids in sampled], dtype=torch.int64)[:, None]
+        chosen_logprobs = logprobs.gather(-1, chosen)
+        top_logprobs, top_ids = torch.topk(logprobs, top, dim=-1)
+        return LogprobsLists(logprob_token_ids=torch.cat([chosen, top_ids], 1).numpy(),
+                             logprobs=torch.cat([chosen_logprobs, top_logprobs], 1).numpy(),
+                             sampled_token_ranks=(logprobs >= chosen_logprobs).sum(-1).numpy())
 
     def sample_tokens(self, grammar_output):
         if grammar_output is not None and getattr(grammar_output, "grammar_bitmask", None) is not None and \
@@ -346,7 +371,7 @@ class NeuronWorker(WorkerBase):
         self._write_stats()
         return ModelRunnerOutput(req_ids=list(state.req_ids),
                                  req_id_to_index={r: i for i, r in enumerate(state.req_ids)},
-                                 sampled_token_ids=[list(ids) for ids in state.sampled])
+                                 sampled_token_ids=[list(ids) for ids in state.sampled], logprobs=state.logprobs)
 
     def take_draft_token_ids(self):
         return None
