@@ -182,7 +182,10 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    before = {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES}
+    def checkpoint_names():  # vLLM 0.24 ships no text-only Qwen3.5 class: those names may be absent
+        return {arch: getattr(ModelRegistry.models.get(arch), "module_name", None) for arch in ARCHITECTURES}
+
+    before = checkpoint_names()
     plugin = _fresh_registration(monkeypatch, "neuron")
     for name, checkpoint_arch in plugin.NEURON_ARCHITECTURES.items():
         assert name.startswith("VllmGdnNeuron") and name.endswith(checkpoint_arch)
@@ -193,7 +196,7 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
                                                          else "Qwen3_5NeuronRegistryEntry")
         assert MODELS_CONFIG_MAP[name].is_vllm_gdn_neuron_hook
     # the checkpoints' own names are left to whoever else registers them (vllm-neuron)
-    assert {arch: ModelRegistry.models[arch].module_name for arch in ARCHITECTURES} == before
+    assert checkpoint_names() == before
 
 
 @pytest.mark.vllm024
