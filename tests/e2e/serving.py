@@ -48,14 +48,22 @@ def running_server(log_path: pathlib.Path, *args: str, model: str = TINY_SERVED_
     """``bash scripts/serve.sh --port <free> *args`` run from ``cwd`` with ``env`` and without the
     variables ``unset``, healthy, stopped on exit."""
     port = free_port()
+    with serving_process(["bash", str(REPO / "scripts" / "serve.sh"), "--port", str(port), *args], port, log_path,
+                         model=model, env=env, unset=unset, cwd=cwd) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def serving_process(command: list[str], port: int, log_path: pathlib.Path, *, model: str, env: dict | None = None,
+                    unset: tuple[str, ...] = (), cwd: pathlib.Path = REPO):
+    """``command`` (a server listening on loopback ``port``) run in its own process group from ``cwd``
+    with ``env`` and without the variables ``unset``, its log in ``log_path``; healthy, stopped on exit."""
     full_env = {**os.environ, **(env or {})}
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", *unset):  # the production process layout; the user's env
         full_env.pop(name, None)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            ["bash", str(REPO / "scripts" / "serve.sh"), "--port", str(port), *args],
-            cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        proc = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S

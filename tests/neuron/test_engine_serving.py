@@ -27,9 +27,6 @@ import glob
 import json
 import os
 import pathlib
-import signal
-import subprocess
-import time
 
 import pytest
 import requests
@@ -39,13 +36,13 @@ import yaml
 from neuron_testing import oracle
 from test_trn2_configs_start import scaled, tiny_checkpoint
 
-from serving import REQUEST_TIMEOUT_S, Server, all_at_once, completion, free_port, generated_ids, stream_events
+from serving import (REQUEST_TIMEOUT_S, Server, all_at_once, completion, free_port, generated_ids, serving_process,
+                     stream_events)
+from standin_stats import STATS_ENV
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NEURON_TESTS = pathlib.Path(__file__).resolve().parent
 SERVED_NAME = "trn2-tiny"
-START_TIMEOUT_S = 300
-STOP_TIMEOUT_S = 30
 MAX_TOKENS = 6
 
 pytestmark = pytest.mark.slow
@@ -66,35 +63,12 @@ def neuron_server(settings: dict, model_dir: str, folder: pathlib.Path):
     config.write_text(yaml.safe_dump(settings))
     stats = folder / "stats"
     stats.mkdir()
-    env = {**os.environ, "VLLM_NEURON_STANDIN": "1", "VLLM_NEURON_STANDIN_STATS": str(stats),
+    env = {"VLLM_NEURON_STANDIN": "1", STATS_ENV: str(stats),
            "PYTHONPATH": os.pathsep.join([str(NEURON_TESTS), str(REPO), os.environ.get("PYTHONPATH", "")])}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     port = free_port()
-    log_path = folder / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(["vllm-gdn-serve", model_dir, "--config", str(config), "--host", "127.0.0.1",
-                                 "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
-            with contextlib.suppress(requests.ConnectionError):
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after {START_TIMEOUT_S} s:\n{log_path.read_text()[-6000:]}")
-            time.sleep(1)
-        yield Server(base=base, pgid=proc.pid, log_path=log_path, model=SERVED_NAME)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    command = ["vllm-gdn-serve", model_dir, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    with serving_process(command, port, folder / "server.log", model=SERVED_NAME, env=env) as server:
+        yield server
 
 
 def reported(server: Server, who: str) -> dict:

@@ -40,19 +40,17 @@ override of the async variant (no speculative decoding here), Prometheus padding
 and diagnostics logging.
 """
 
-import json
 import logging
-import os
 from collections import deque
 from enum import Enum
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+import standin_stats
+
 # Under vLLM's logger, so that its handler prints these lines in the engine's log.
 logger = logging.getLogger(f"vllm.{__name__}")
-# A folder for this scheduler's step counts (the tests read them); unset: none written.
-STATS_ENV = "VLLM_NEURON_STANDIN_STATS"
 
 
 class SchedulerState(Enum):
@@ -180,7 +178,7 @@ class NeuronScheduler(Scheduler):
         return output
 
     def _count(self, output, hidden: list) -> None:
-        """Step counts for the tests (``STATS_ENV``)."""
+        """Step counts for the tests (:mod:`standin_stats`)."""
         if not output.num_scheduled_tokens:
             return
         stats = self.stats
@@ -193,13 +191,7 @@ class NeuronScheduler(Scheduler):
         self._write_stats()
 
     def _write_stats(self) -> None:
-        folder = os.environ.get(STATS_ENV)
-        if not folder:
-            return
-        path = os.path.join(folder, f"scheduler-{os.getpid()}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.stats, f)
-        os.replace(path + ".tmp", path)
+        standin_stats.report("scheduler", self.stats)
 
     def _schedule_hiding(self, hidden: list, throttle_prefills: bool):
         """vLLM's scheduling of what is left visible, its running limits lowered by the hidden count."""

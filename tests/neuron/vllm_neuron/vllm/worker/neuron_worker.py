@@ -43,15 +43,13 @@ step returned, computed here in vLLM's sampler's layout (the fork's host-side ``
 path was not read; under async scheduling the platform refuses them); no prompt logprobs,
 speculative decoding or vision inputs through this worker; one rank (TP 1).
 
-Observability for the tests: with ``VLLM_NEURON_STANDIN_STATS`` naming a folder, the
-worker writes ``worker-<pid>.json`` there after warm-up and after every step: graphs traced
-at warm-up and since, the bucket count, step kinds and their padded sizes.
+Observability for the tests (:mod:`standin_stats`): after warm-up and after every step the
+worker reports graphs traced at warm-up and since, the bucket count, step kinds and the
+buckets they used.
 """
 
 import dataclasses
-import json
 import logging
-import os
 import threading
 import time
 
@@ -62,13 +60,13 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, L
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 import runner_cache
+import standin_stats
 from runner import (EngineSettings, GraphRecorder, NeuronRunnerStandIn, Request, Sampling, block_table_width,
                     symbolic_graphs)
 
 # Under vLLM's logger, so that its handler prints these lines in the engine's log.
 logger = logging.getLogger(f"vllm.{__name__}")
 
-STATS_ENV = "VLLM_NEURON_STANDIN_STATS"
 STRUCTURED_OUTPUTS_OFF = ("Structured outputs were requested, but neuron_config.enable_structured_outputs is off "
                           "on this server.")
 
@@ -377,13 +375,7 @@ class NeuronWorker(WorkerBase):
         return None
 
     def _write_stats(self) -> None:
-        folder = os.environ.get(STATS_ENV)
-        if not folder:
-            return
-        path = os.path.join(folder, f"worker-{os.getpid()}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.stats, f)
-        os.replace(path + ".tmp", path)
+        standin_stats.report("worker", self.stats)
 
     # --- the rest of the interface ------------------------------------------------------------
 
