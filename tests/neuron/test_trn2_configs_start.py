@@ -22,6 +22,8 @@ from runner import serve
 from serve_config import CONFIGS, scaled, tiny_checkpoint
 from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 
+pytestmark = pytest.mark.vllm024  # every case runs in the vLLM 0.24 lane too (scripts/test.sh)
+
 
 def start(settings: dict, model_dir: str):
     """The runner's start-up of the shell under the config's settings."""
