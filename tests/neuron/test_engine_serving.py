@@ -44,6 +44,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 NEURON_TESTS = pathlib.Path(__file__).resolve().parent
 SERVED_NAME = "trn2-tiny"
 MAX_TOKENS = 6
+VISION_BUCKET = 32  # patches
 
 pytestmark = pytest.mark.slow
 
@@ -215,10 +216,16 @@ def test_one_static_graph_per_bucket_and_no_recompile(dense):
 @pytest.fixture(scope="module")
 def moe_synchronous(tiny_model, tmp_path_factory):
     """``configs/trn2/qwen3_5-35b-a3b.yaml`` scaled, with synchronous scheduling (``no-async-scheduling``,
-    the configs' route for logprobs): the MoE shell under ``NeuronScheduler``."""
+    the configs' route for logprobs) and one image a prompt (its ``vision_neuron_config`` served: the
+    tower compiled per vision bucket, M-RoPE positions): the MoE shell under ``NeuronScheduler``."""
     settings = served_settings(REPO / "configs" / "trn2" / "qwen3_5-35b-a3b.yaml")
     settings.pop("async-scheduling")
     settings["no-async-scheduling"] = True
+    settings["limit-mm-per-prompt"] = {"image": 1, "video": 0}
+    # The vision sizes scaled to the tiny tower (8-pixel patches, at most 16,384 pixels an image):
+    # one 32-patch bucket, so that an image can exceed it.
+    settings["additional-config"]["vision_neuron_config"] = {"vision_attention_block_size": VISION_BUCKET,
+                                                             "num_vision_tokens_buckets": [VISION_BUCKET]}
     model_dir = tiny_checkpoint(settings, tiny_model)
     with neuron_server(settings, model_dir, tmp_path_factory.mktemp("moe-sync")) as server:
         yield server, settings, model_dir
@@ -239,8 +246,45 @@ def test_synchronous_moe_server_serves_concurrent_requests_with_transformers_ids
     assert steps["prefill_steps"] == len(batch)
     neuron = settings["additional-config"]["neuron_config"]
     buckets = len(neuron["num_batched_tokens_buckets"]) + len(neuron["num_seqs_buckets"])
-    assert stats["warm_graphs"] == stats["graphs"] == buckets and stats["symbolic"] == 0
+    vision_buckets = len(settings["additional-config"]["vision_neuron_config"]["num_vision_tokens_buckets"])
+    assert stats["vision_buckets"] == vision_buckets
+    assert stats["warm_graphs"] == stats["graphs"] == buckets + vision_buckets and stats["symbolic"] == 0
     assert stats["async_outputs"] == 0
+
+
+def _ask_about(server: Server, image) -> requests.Response:
+    from vision_oracle import data_url
+
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                             {"type": "text", "text": "what is in the picture"}]}]
+    body = {"model": SERVED_NAME, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}
+    return requests.post(f"{server.base}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+
+
+def test_an_image_is_served_and_one_over_the_vision_bucket_refused(moe_synchronous):
+    """An image inside the compiled vision bucket: transformers' ids (encoded by the compiled tower into
+    the encoder cache, M-RoPE positions). One whose embeddings exceed the bucket: a 4xx naming it, and
+    the server answers the first image again."""
+    from vision_oracle import hf_vl_greedy, noise_image
+
+    server, settings, model_dir = moe_synchronous
+    image = noise_image(64, 32, 5)  # 8 x 4 patches: the bucket
+
+    def answer_equals_transformers():
+        reply = _ask_about(server, image)
+        assert reply.status_code == 200, reply.text
+        reply = reply.json()
+        want, _ = hf_vl_greedy(model_dir, torch.float32, list(reply["prompt_token_ids"]), [image], MAX_TOKENS)
+        assert reply["choices"][0]["token_ids"] == want
+
+    images_before = reported(server, "worker")["images"]
+    answer_equals_transformers()
+    assert reported(server, "worker")["images"] == images_before + 1
+    refused = _ask_about(server, noise_image(128, 128, 6))  # 256 patches, 64 embeddings: over the bucket
+    assert 400 <= refused.status_code < 500, (refused.status_code, refused.text[:500])
+    assert "the compiled vision encoder takes" in refused.text
+    answer_equals_transformers()
 
 
 def test_logprobs_in_synchronous_mode_are_transformers_log_softmax(moe_synchronous):

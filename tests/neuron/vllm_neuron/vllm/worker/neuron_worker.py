@@ -19,7 +19,9 @@ at the same pin (facts only, the code is this project's):
   whose ``get_output`` materializes the ids once, under a lock, and writes them into the
   batch state (``_update_batch_state_with_samples``); the worker's next ``execute_model``
   does that materialization first if the executor's output thread has not.
-- ``_update_states``: finished requests leave; new requests join with their vLLM block ids
+- ``_update_states``: finished requests leave; the encoder-cache entries of vLLM's
+  ``free_encoder_mm_hashes`` are freed; new requests join with their vLLM block ids
+  and their images (``MultiModalFeatureSpec``: pixels, grid, placeholder range, hash)
   (one list per KV cache group); cached requests append ``new_block_ids`` (replace them
   when resumed after preemption); requests not scheduled this step leave the persistent
   batch (the runner stand-in's ``_schedule``).
@@ -60,6 +62,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, L
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 import runner_cache
+import runner_vision
 import standin_stats
 from runner import (EngineSettings, GraphRecorder, NeuronRunnerStandIn, Request, Sampling, block_table_width,
                     symbolic_graphs)
@@ -96,6 +99,17 @@ def engine_settings(vllm_config) -> EngineSettings:
         enable_prompt_embeds=bool(model_config.enable_prompt_embeds), uses_mrope=bool(model_config.uses_mrope),
         multimodal=bool(model_config.supports_multimodal_inputs), architectures=list(model_config.architectures),
         download_dir=vllm_config.load_config.download_dir, additional_config=dict(vllm_config.additional_config or {}))
+
+
+def image_feature(spec) -> runner_vision.ImageFeature:
+    """vLLM's ``MultiModalFeatureSpec`` of an image as the runner stand-in reads it (processor output:
+    ``pixel_values``, ``image_grid_thw``; its placeholder range; its hash)."""
+    if spec.modality != "image" or spec.data is None:
+        raise NotImplementedError(f"the Neuron worker stand-in serves images with their pixels, got a "
+                                  f"{spec.modality} item{' without data' if spec.data is None else ''}")
+    grid = tuple(int(n) for n in spec.data["image_grid_thw"].data.reshape(-1).tolist())
+    return runner_vision.ImageFeature(spec.identifier, spec.mm_position.offset, grid, spec.mm_position.length,
+                                      pixel_values=spec.data["pixel_values"].data)
 
 
 def sampling_of(params) -> Sampling:
@@ -148,7 +162,10 @@ class NeuronWorker(WorkerBase):
         self._state: ExecuteModelState | None = None
         self._pending: AsyncNeuronOutputStandIn | None = None
         self._lock = threading.Lock()
+        vision = self.model_runner.vision_neuron_config
+        vision_buckets = len(vision.num_vision_tokens_buckets) if vision is not None and self.settings.multimodal else 0
         self.stats = dict(buckets=len(self.model_runner.prefill_buckets) + len(self.model_runner.decode_buckets),
+                          vision_buckets=vision_buckets, images=0,
                           warm_graphs=None, graphs=0, symbolic=0, prefill_steps=0, decode_steps=0,
                           prefill_buckets_used=[], decode_buckets_used=[], most_prefill_requests=0,
                           async_outputs=0)
@@ -254,12 +271,16 @@ class NeuronWorker(WorkerBase):
     def _update_states(self, scheduler_output) -> None:
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
+        for mm_hash in scheduler_output.free_encoder_mm_hashes:  # vLLM's encoder cache manager freed them
+            if self.settings.multimodal and self.model_runner.encoder_cache.contains(mm_hash):
+                self.model_runner.encoder_cache.free(mm_hash)
         for new in scheduler_output.scheduled_new_reqs:
             request = Request(list(new.prompt_token_ids), new.sampling_params.max_tokens,
                               sampling_of(new.sampling_params))
             request.computed = new.num_computed_tokens
             request.blocks = {g: list(ids) for g, ids in enumerate(new.block_ids)}
             request.num_logprobs = new.sampling_params.logprobs  # None: none asked for
+            request.mm_features = [image_feature(spec) for spec in new.mm_features or ()]
             self.requests[new.req_id] = request
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, block_ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
@@ -301,6 +322,8 @@ class NeuronWorker(WorkerBase):
                 if padded[req_id] != bucket:
                     raise RuntimeError(f"the scheduler padded {chunk} tokens to {padded[req_id]}, the runner's bucket "
                                        f"is {bucket}")
+                if requests[req_id].computed == 0:
+                    self.stats["images"] += len(requests[req_id].mm_features)
                 token = runner.prefill(requests[req_id], chunk)
                 sampled = {req_id: [] if token is None else [token]}
                 self.stats["prefill_steps"] += 1
