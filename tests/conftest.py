@@ -12,11 +12,11 @@ import pytest
 _cache_root = os.environ.get("VLLM_CACHE_ROOT") or tempfile.mkdtemp(prefix="vllm-gdn-cache-")
 os.environ["VLLM_CACHE_ROOT"] = os.path.join(_cache_root, os.environ.get("PYTEST_XDIST_WORKER", ""))
 
-#: Folders whose tests start vLLM engines, servers or transformers' real-dims oracles. Under
-#: pytest-xdist (scripts/test.sh runs two workers) they are one unit of work: one worker runs
-#: them one after another, so that two never share the two cores and the memory (a real-dims
-#: engine or oracle holds 3-8 GiB; a server derives its cache from the memory free at its
-#: start), while the other worker runs the rest test by test.
+#: Folders (and files) whose tests start vLLM engines, servers or transformers' real-dims
+#: oracles. Under pytest-xdist (scripts/test.sh runs two workers) they are one unit of work: one
+#: worker runs them one after another, so that two never share the two cores and the memory (a
+#: real-dims engine or oracle holds 3-8 GiB; a server derives its cache from the memory free at
+#: its start), while the other worker runs the rest test by test.
 ENGINE_FOLDERS = ("tests/e2e/", "tests/integration/", "tests/neuron/test_engine_serving.py")
 
 

@@ -209,7 +209,6 @@ def test_one_static_graph_per_bucket_and_no_recompile(dense):
     assert stats["symbolic"] == 0
     assert stats["prefill_buckets_used"] == sorted(neuron["num_batched_tokens_buckets"])
     assert stats["decode_buckets_used"] == neuron["num_seqs_buckets"]
-    assert stats["most_prefill_requests"] == 1
     assert stats["async_outputs"] == stats["prefill_steps"] + stats["decode_steps"] > 0
 
 

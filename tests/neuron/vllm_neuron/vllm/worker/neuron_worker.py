@@ -28,7 +28,10 @@ at the same pin (facts only, the code is this project's):
 - ``get_kv_cache_spec``: a ``FullAttentionSpec`` per attention layer of the shell's
   ``get_kv_spec()``, a ``MambaSpec`` per recurrent layer (block ``max_model_len``, page
   padded to the attention page); ``initialize_kv_cache``: the page-major int8 buffers of
-  :mod:`runner_cache`, one per vLLM ``KVCacheTensor``, sized by vLLM's ``num_blocks``.
+  :mod:`runner_cache`, one per vLLM ``KVCacheTensor`` region, sized by vLLM's ``num_blocks``.
+  vLLM 0.32 plans one ``KVCacheTensor`` per layer here (seen with the tiny models: no
+  buffer shared across cache groups), where the fork's vLLM 0.24 shares each tensor among one
+  layer of every group (``shared_by``); layers vLLM overlays at one offset share a buffer.
 - warm-up of every bucket, then every step under
   ``torch.compiler.set_stance("fail_on_recompile")``.
 
@@ -167,8 +170,7 @@ class NeuronWorker(WorkerBase):
         self.stats = dict(buckets=len(self.model_runner.prefill_buckets) + len(self.model_runner.decode_buckets),
                           vision_buckets=vision_buckets, images=0,
                           warm_graphs=None, graphs=0, symbolic=0, prefill_steps=0, decode_steps=0,
-                          prefill_buckets_used=[], decode_buckets_used=[], most_prefill_requests=0,
-                          async_outputs=0)
+                          prefill_buckets_used=[], decode_buckets_used=[], async_outputs=0)
 
     # --- start-up -----------------------------------------------------------------------------
 
@@ -328,7 +330,6 @@ class NeuronWorker(WorkerBase):
                 sampled = {req_id: [] if token is None else [token]}
                 self.stats["prefill_steps"] += 1
                 self.stats["prefill_buckets_used"] = sorted({*self.stats["prefill_buckets_used"], bucket})
-                self.stats["most_prefill_requests"] = max(self.stats["most_prefill_requests"], 1)
             else:
                 if any(n != 1 for n in scheduled.values()):
                     raise NotImplementedError(f"decode step with {dict(scheduled)} tokens per request: the worker "
