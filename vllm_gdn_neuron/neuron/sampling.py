@@ -82,13 +82,19 @@ def _as_int32(value: int) -> int:
     return value - 2**32 if value >= 2**31 else value
 
 
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """``x >> bits`` by a tensor amount: torch-mlir lowers ``bitwise_right_shift.Tensor`` to a shift,
+    and has no lowering of the scalar form (TorchNeuron decomposes it into a floor division)."""
+    return torch.bitwise_right_shift(x, torch.full((), bits, dtype=x.dtype, device=x.device))
+
+
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """lowbias32 on int32 (logical shifts written as arithmetic shift + mask)."""
-    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x ^ (_shift_right(x, 16) & 0xFFFF)
     x = x * _MIX_1
-    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x ^ (_shift_right(x, 15) & 0x1FFFF)
     x = x * _MIX_2
-    return x ^ ((x >> 16) & 0xFFFF)
+    return x ^ (_shift_right(x, 16) & 0xFFFF)
 
 
 def row_uniforms(seed: int, step: torch.Tensor, rows: int) -> torch.Tensor:
@@ -102,7 +108,7 @@ def row_uniforms(seed: int, step: torch.Tensor, rows: int) -> torch.Tensor:
     row = torch.arange(rows, dtype=torch.int32, device=step.device)
     x = _mix(step * _STEP_MUL + _as_int32(seed))
     x = _mix(x + row * _ROW_MUL)
-    return ((x >> (32 - _UNIFORM_BITS)) & (2**_UNIFORM_BITS - 1)).to(torch.float32) * 2.0**-_UNIFORM_BITS
+    return (_shift_right(x, 32 - _UNIFORM_BITS) & (2**_UNIFORM_BITS - 1)).to(torch.float32) * 2.0**-_UNIFORM_BITS
 
 
 def check_sampling_params(sampling_params, rows: int) -> None:
