@@ -206,7 +206,8 @@ class NeuronScheduler(Scheduler):
     def _call_base_schedule(self, throttle_prefills: bool):
         return Scheduler.schedule(self, throttle_prefills)
 
-    def _computed_before_step(self, output) -> dict[str, int]:
+    @staticmethod
+    def _computed_before_step(output) -> dict[str, int]:
         """Each scheduled request's computed tokens before this step (the output's, not the request's)."""
         computed = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
         cached = output.scheduled_cached_reqs
