@@ -188,7 +188,7 @@ def test_every_trn2_config_fits_one_chip(path):
     buckets = settings["additional-config"]["neuron_config"]["num_batched_tokens_buckets"]
     assert buckets[-1] == settings["max-model-len"] == settings["max-num-batched-tokens"]
     assert settings["additional-config"]["neuron_config"]["num_seqs_buckets"] == [settings["max-num-seqs"]]
-    assert settings["enable-prefix-caching"] is False
+    assert settings["no-enable-prefix-caching"] is True  # `enable-prefix-caching: false` is dropped by vllm serve
     # The plugin's Neuron shell, for the published checkpoint's (vision-language) architecture.
     checkpoint_arch = "Qwen3_5MoeForConditionalGeneration" if "A3B" in settings["model"] else "Qwen3_5ForConditionalGeneration"
     assert plugin.NEURON_ARCHITECTURES[settings["hf-overrides"]["architectures"][0]] == checkpoint_arch
