@@ -73,8 +73,10 @@ def judge_drafts(sampled: torch.Tensor, draft_token_ids: torch.Tensor, width: in
     ids = sampled.view(-1, width)
     drafts = draft_token_ids.view(-1, width - 1).to(ids.dtype)
     matches = (ids[:, :-1] == drafts).to(torch.int64)
-    accepted = matches.cumprod(dim=1).sum(dim=1)                                   # [R] in 0 .. N
     positions = torch.arange(width, device=ids.device)[None, :]
+    # The leading matches: where the running count of matches still equals the position (a
+    # cumsum, not a cumprod: torch-mlir has no lowering of aten.cumprod).
+    accepted = (matches.cumsum(dim=1) == positions[:, 1:]).sum(dim=1)              # [R] in 0 .. N
     return torch.where(positions <= accepted[:, None], ids, REJECTED).to(torch.int32), accepted
 
 

@@ -317,7 +317,8 @@ def paged_conv1d_verify(x, weight, conv_cache, step, *, activation="silu"):
     _, width = _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
     grid = _grid(x, step)                                                     # [R, W, C]
     held = torch.cat([conv_cache.index_select(0, step.source_pages), grid.transpose(1, 2).to(conv_cache.dtype)], -1)
-    windows = held.unfold(-1, width, 1)[:, :, 1:].transpose(1, 2)             # [R, W, C, K] after each token
+    # The window after each token, as a stack of slices: torch-mlir has no lowering of aten.unfold.
+    windows = torch.stack([held[..., j:j + width] for j in range(1, held.shape[-1] - width + 1)], 1)  # [R, W, C, K]
     y = window_dot(windows[..., :-1].float(), weight[:, :-1]) + grid.float() * weight[:, -1].float()
     conv_cache.index_copy_(0, step.write_pages.reshape(-1), windows.flatten(0, 1))
     return _packed(_activate(y, activation), step).to(x.dtype)
