@@ -159,3 +159,20 @@ def test_bursts_of_prompts_pack_into_prefill_buckets_with_one_graph_per_bucket(t
     assert any(len(items) > 1 and items[0][1] > 0 for items in prefills), "no continuation packed with new prompts"
     assert len(prefills) < len(BURST_WORKLOAD)
     check_graphs_and_ids(result, model_dir, BURST_WORKLOAD)
+
+
+@pytest.mark.slow
+def test_packed_prefill_buckets_lower_to_stablehlo_and_equal_eager(tiny_model):
+    """The same bursts through torch-mlir (``xla_lowering.XlaLoweringBackend``), on the MoE model (its
+    grouped experts in the prefill bucket): every step on XLA:CPU equal to eager, transformers' ids."""
+    from test_xla_lowering import assert_equal_to_eager, bucket_labels, report
+    from xla_lowering import XlaLoweringBackend
+
+    model_dir = tiny_model("qwen3_5-moe")
+    backend = XlaLoweringBackend()
+    result = run_harness(model_dir, BURST_WORKLOAD, "float32", prefill_buckets=(32,), decode_buckets=(4,),
+                         prefill_rows=4, num_gpu_blocks_override=40, backend=backend)
+    print("\n" + report("qwen3_5-moe packed (torch_mlir)", bucket_labels((32,), (4,)), backend))
+    assert max(len(step[1]) for step in result["steps"] if step[0] == "prefill") >= 3
+    assert_equal_to_eager(backend, 2)
+    check_graphs_and_ids(result, model_dir, BURST_WORKLOAD)

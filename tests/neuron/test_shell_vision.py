@@ -263,20 +263,26 @@ def test_prompts_with_images_give_transformers_greedy_ids(checkpoint, hf):
 
 @pytest.mark.slow
 def test_the_buckets_with_vision_inputs_lower_to_stablehlo_and_equal_eager(checkpoint, hf):
-    """The prefill bucket with its vision inputs (the scatter of the cache rows) and the decode bucket,
-    lowered through ``xla_lowering.XlaLoweringBackend`` (no float64, no host transfer, no custom call),
-    run on XLA:CPU: equal to eager, and transformers' greedy ids. Under the plugin's architecture
-    name, which the runner's merge-factor lookup does not know: factor 1, blocks of 32 rows.
-    The vision graphs run on ``aot_eager`` here: torchax lowers the tower's LayerNorm variance
-    with a float64 NaN constant, which the lowering check refuses (``docs/neuron-vision.md``)."""
-    from test_xla_lowering import assert_equal_to_eager
+    """The prefill bucket with its vision inputs (the scatter of the cache rows), the decode bucket and
+    the vision tower's two block buckets, lowered through torch-mlir (``xla_lowering.XlaLoweringBackend``:
+    no float64 on run-time values, no host transfer, no custom call), run on XLA:CPU: equal to eager
+    (the tower's written encoder-cache rows too), and transformers' greedy ids. Under the plugin's
+    architecture name, which the runner's merge-factor lookup does not know: factor 1, blocks of 32
+    rows. (torchax's lowering carries the tower's LayerNorm variance as a float64 NaN constant that
+    its module computes with; torch-mlir's has none.)"""
+    from test_xla_lowering import assert_equal_to_eager, report
     from xla_lowering import XlaLoweringBackend
 
-    backend = XlaLoweringBackend()
+    backend, tower = XlaLoweringBackend(), XlaLoweringBackend()
     runner, requests, got = serve_image_prompts(checkpoint, hf, PLUGIN_ARCHITECTURE, backend=backend,
-                                                vision_backend=GraphRecorder())
+                                                vision_backend=tower)
+    blocks = VISION["num_vision_tokens_buckets"]
+    print("\n" + report("qwen3_5-vl (torch_mlir)", [f"prefill {PREFILL_BUCKET}", f"decode {DECODE_BUCKET}"], backend)
+          + "\n" + report("qwen3_5-vl tower (torch_mlir)", [f"vision {b} tokens" for b in blocks], tower))
     assert runner.encoder_cache.block_size == 32
     assert_equal_to_eager(backend, 2)
+    assert len(tower.buckets) == len(blocks) and all(b.calls > 1 for b in tower.buckets)
+    assert all(b.max_cache_diff <= 1e-4 and b.nan_mismatches == 0 for b in tower.buckets), tower.buckets
     for request, ids in zip(requests, got):
         assert ids == hf_greedy(hf, request.prompt, request.mm_features, NEW_TOKENS)
 
@@ -329,13 +335,18 @@ def pack_shared_block(layout, features, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 0.1)])
-def test_the_tower_graph_writes_transformers_vision_output_into_the_cache(hf, dtype, tolerance):
+@pytest.mark.parametrize("dtype, tolerance, compiler", [(torch.float32, 2e-5, "aot_eager"),
+                                                       (torch.bfloat16, 0.1, "aot_eager"),
+                                                       (torch.float32, 2e-5, "torch_mlir")])
+def test_the_tower_graph_writes_transformers_vision_output_into_the_cache(hf, dtype, tolerance, compiler):
     """Images packed one per block (the 2-block bucket, one block empty) and two images sharing a block,
     one compiled graph per shape (the second 2-block call under ``fail_on_recompile``); a float32 cache buffer keeps
-    the rows unrounded. Tolerances: fp32 tight; bf16 against transformers' fp32 tower, loose."""
+    the rows unrounded. Tolerances: fp32 tight; bf16 against transformers' fp32 tower, loose. ``torch_mlir``:
+    each graph lowered to StableHLO through torch-mlir and run on XLA:CPU (``xla_lowering.XlaLoweringBackend``)."""
+    from xla_lowering import XlaLoweringBackend
+
     visual, layout = tower_like(hf, dtype)
-    recorder = GraphRecorder()
+    recorder = GraphRecorder() if compiler == "aot_eager" else XlaLoweringBackend()
     compiled = torch.compile(visual, backend=recorder, fullgraph=True)
     features = features_of(hf, [(0, (1, 4, 6)), (0, (1, 2, 2)), (0, (1, 2, 6))], seed=7)
     want = hf_tower_rows(hf, features)

@@ -127,3 +127,28 @@ def test_one_static_graph_per_bucket_and_no_host_read(served):
     assert result["warm_graphs"] == buckets and result["graphs"] == buckets
     assert result["symbolic"] == 0 and result["graph_breaks"] == 0
     assert result["host_reads"] == []
+
+
+@pytest.mark.slow
+def test_the_verify_buckets_lower_to_stablehlo_and_equal_eager():
+    """The trained head, N = 3, compiled through torch-mlir (``xla_lowering.XlaLoweringBackend``): the
+    prefill bucket, each decode bucket's verify graph (4 tokens a row) and one-token graph on XLA:CPU,
+    equal to eager on every step (warm-up included), transformers' ids. The workload's verify steps
+    take the 4-row bucket; the 2-row verify graph and the one-token graphs (every decode step
+    carries drafts) serve only their warm-up."""
+    import transformers
+    from test_xla_lowering import assert_equal_to_eager, bucket_labels, report
+    from xla_lowering import XlaLoweringBackend
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(TRAINED)
+    hf_model = oracle.hf_model(str(TRAINED), torch.float32)
+    head = mtp_reference.load_mtp_head(TRAINED, hf_model).float()
+    backend = XlaLoweringBackend()
+    result = _serve(tokenizer, hf_model, head, 3, backend=backend)
+    labels = bucket_labels(PREFILL_BUCKETS, DECODE_BUCKETS, 4)
+    print("\n" + report("qwen3_5-tiny-mtp (torch_mlir)", labels, backend))
+    served = [labels.index(f"prefill {PREFILL_BUCKETS[0]}"), labels.index(f"verify {max(DECODE_BUCKETS)} x 4")]
+    assert_equal_to_eager(backend, len(labels), warm_up_only=[n for n in range(len(labels)) if n not in served])
+    want = [oracle.hf_greedy(str(TRAINED), torch.float32, prompt, n)[0]
+            for prompt, (_, n, _) in zip(result["prompts"], WORKLOAD)]
+    assert result["ids"] == want

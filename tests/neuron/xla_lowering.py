@@ -1,26 +1,34 @@
 """A second compiler for the harness: each bucket graph lowered to StableHLO and run on XLA's CPU backend.
 
-vllm-neuron lowers every bucket's FX graph to XLA HLO for neuronx-cc. ``aot_eager`` runs the
-ATen graph with torch itself, so an op XLA cannot express (a custom op, a CPU kernel reached
-through dispatch, a float64 intermediate, an ATen op without an XLA lowering) passes it and
-only fails on a device. :class:`XlaLoweringBackend` is a ``torch.compile`` backend for
-``NeuronRunnerStandIn(backend=...)``
-(``tests/neuron/runner.py``), called as the runner's ``torch.compile(..., options=...)`` calls it:
+vllm-neuron hands every bucket's FX graph to a compiler front end that ends in neuronx-cc.
+``aot_eager`` runs the ATen graph with torch itself, so an op the front end cannot express (a
+custom op, a CPU kernel reached through dispatch, a float64 intermediate, an ATen op without a
+lowering) passes it and only fails on a device. :class:`XlaLoweringBackend` is a
+``torch.compile`` backend for ``NeuronRunnerStandIn(backend=...)`` (``tests/neuron/runner.py``),
+called as the runner's ``torch.compile(..., options=...)`` calls it, with one of two importers:
 
-1. aot_autograd with core-ATen decompositions makes each Dynamo graph functional (cache
-   writes become outputs, which aot_autograd's wrapper copies back into the bound pages;
-   a cache input is the runner's whole int8 allocation, its dtype views taken in the graph);
-2. every ATen node is mapped to torchax's JAX lowering under ``jax.jit``, ``.lower()`` gives
-   the StableHLO module and ``.compile()`` an XLA:CPU executable (float64 enabled in JAX,
-   so an f64 in the graph stays f64 in the module);
-3. :func:`analyse` reads the module: op counts, custom calls, host callbacks, float64, and
-   the per-op limits the Neuron documentation states (:data:`NEURON_HLO_LIMITS`);
-4. each call runs the XLA executable and, on the same inputs, the ATen graph under torch
+- ``"torch_mlir"``, the native route's (TorchNeuron: Dynamo, AOTAutograd with the Neuron
+  decompositions, torch-mlir's FX importer, StableHLO for neuronx-cc): aot_autograd with
+  :func:`neuron_decompositions`, then ``torch_mlir.fx.stateless_fx_import`` through
+  torch-mlir's StableHLO pipeline; the module's text is compiled by XLA:CPU.
+- ``"torchax"``, a proxy of the deprecated PyTorch/XLA route (ATen lowered to HLO op by op):
+  aot_autograd with core-ATen decompositions, every ATen node mapped to torchax's JAX
+  lowering under ``jax.jit`` (float64 enabled in JAX, so an f64 in the graph stays f64).
+
+Either way:
+
+1. aot_autograd makes each Dynamo graph functional (cache writes become outputs, which
+   aot_autograd's wrapper copies back into the bound pages; a cache input is the runner's
+   whole int8 allocation, its dtype views taken in the graph);
+2. :func:`analyse` reads the StableHLO module: op counts, custom calls, host callbacks,
+   float64 on run-time values (folded constants counted apart), dynamic shapes, and the
+   per-op limits the Neuron documentation states (:data:`NEURON_HLO_LIMITS`);
+3. each call runs the XLA executable and, on the same inputs, the ATen graph under torch
    (eager); the XLA results go back to the harness, the differences are kept per bucket.
 
-Versions: ``torchax==0.0.13`` (installed ``--no-deps``: its requirements would pull another
-torch) with ``jax==0.10.2`` beside torch 2.13.0. :func:`torchax_environment` applies the
-shims this combination needs.
+Versions: ``torch-mlir==20261001``; ``torchax==0.0.13`` (installed ``--no-deps``: its
+requirements would pull another torch) with ``jax==0.10.2`` beside torch 2.13.0.
+:func:`torchax_environment` applies the shims this combination needs.
 
 Dimensions:
     P: pages of a bound cache (its two reserved pages last; the sink is the last one).
@@ -34,7 +42,7 @@ import re
 import time
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._guards import TracingContext
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -59,9 +67,53 @@ NEURON_HLO_LIMITS = {
 # compiler/error-codes). UNVERIFIED target name: read from documentation, not a device.
 NKI_CUSTOM_CALL = "AwsNeuronCustomNativeKernel"
 
+IMPORTERS = ("torch_mlir", "torchax")
+
+# TorchNeuron's compile-time decomposition table (torch_neuronx/neuron_dynamo_backend/
+# decompositions.py, get_compile_decomposition_table, read at parmoham-aws/test-repo-parmoham
+# @98154b86, a public copy of the torch-neuronx sources). It takes torch's own decompositions
+# of NEURON_DECOMPOSED_OPS, and decomposes NEURON_OWN_DECOMPOSED_OPS with functions of its own,
+# which import neuronxcc: for those, torch's decomposition where torch has one (index_copy,
+# linalg_vector_norm, ...), else the op is left to torch-mlir. The rest of the graph is
+# torch-mlir's to lower.
+NEURON_DECOMPOSED_OPS = (
+    "logsumexp", "squeeze.dims", "binary_cross_entropy", "native_batch_norm_backward", "nansum", "addr",
+    "_unsafe_index", "_unsafe_index_put", "split", "split_with_sizes", "unbind", "replication_pad1d",
+    "replication_pad2d", "replication_pad3d", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
+    "embedding", "native_layer_norm_backward", "nll_loss_backward", "clamp_min", "clamp_max", "linear_backward",
+    "_fused_rms_norm", "_fused_rms_norm_backward", "fill.Scalar", "fill.Tensor", "index_add",
+    "native_dropout_backward", "gelu_backward", "threshold_backward", "_log_softmax_backward_data",
+    "_softmax_backward_data", "select_backward", "slice_backward", "softplus_backward", "index_select_backward",
+    "col2im", "lerp", "elu", "elu_backward", "silu",
+)
+NEURON_OWN_DECOMPOSED_OPS = (
+    "as_strided.default", "topk.default", "_scaled_dot_product_fused_attention_overrideable.default",
+    "_scaled_dot_product_fused_attention_overrideable_backward.default", "scalar_tensor.default",
+    "index_copy.default", "nonzero_static.default", "linalg_vector_norm.default", "index_put.default",
+    "sigmoid_backward.default", "silu_backward.default", "embedding_dense_backward.default", "linear_backward",
+    "_foreach_pow.Scalar", "__rshift__.Scalar", "as_strided_scatter.default", "_grouped_mm.default",
+    "convolution_backward", "value_selecting_reduction_backward.default", "histc.default", "argsort.default",
+    "argsort.stable",
+)
+
+
+def neuron_decompositions() -> dict:
+    """torch's decompositions of :data:`NEURON_DECOMPOSED_OPS` and :data:`NEURON_OWN_DECOMPOSED_OPS`
+    (an op this torch lacks, or has no decomposition of, is left out)."""
+    ops = []
+    for name in NEURON_DECOMPOSED_OPS + NEURON_OWN_DECOMPOSED_OPS:
+        packet, _, overload = name.partition(".")
+        op = getattr(torch.ops.aten, packet, None)
+        if op is not None and overload:
+            op = getattr(op, overload, None)
+        if op is not None:
+            ops.append(op)
+    return get_decompositions(ops)
+
+
 # Ops that reach the host from inside an XLA computation.
 _HOST_OPS = ("stablehlo.send", "stablehlo.recv", "stablehlo.infeed", "stablehlo.outfeed")
-_OP = re.compile(r"(?<![#\w])((?:stablehlo|chlo)\.[a-z_]+)")  # not attributes (#stablehlo.gather<...>)
+_OP = re.compile(r"(?<![#\w])((?:stablehlo|chlo|arith|tensor)\.[a-z_]+)")  # not attributes (#stablehlo.gather<...>)
 _CUSTOM_CALL = re.compile(r"stablehlo\.custom_call\s+@([\w.$-]+)|call_target_name\s*=\s*\"([^\"]+)\"")
 
 
@@ -110,15 +162,16 @@ def torchax_environment():
 
 
 def _plain_lowerings(environment) -> None:
-    """``index_select``, ``embedding`` as one plain gather, ``topk`` as one ``top_k``, and
-    ``view.dtype`` as a bitcast.
+    """``index_select``, ``embedding`` as one plain gather, ``topk`` as one ``top_k``,
+    ``view.dtype`` as a bitcast, and a truncating division of integers as an integer division.
 
     torchax lowers the first two with ``jnp.take``'s default out-of-bounds mode, which adds a
     bounds mask (an ``and`` reduction and a select) around every gather; torch refuses such
     indices eagerly, and ``clip`` is XLA's own gather semantics (start indices clamped). Its
     ``topk`` sorts ``top_k``'s already sorted values again and reorders the indices with a
-    bounds-checked ``take_along_axis``. These helpers are the lowering's, not the model's:
-    the module should show what the model asks for.
+    bounds-checked ``take_along_axis``. It divides integers with ``rounding_mode="trunc"`` in
+    float64 and truncates. These helpers are the lowering's, not the model's: the module should
+    show what the model asks for.
     """
     import jax
     import jax.numpy as jnp
@@ -155,6 +208,17 @@ def _plain_lowerings(environment) -> None:
         return found.astype(jnp.int32 if out_int32 else jnp.int64)
 
     aten = torch.ops.aten
+    torchax_div = environment._ops[aten.div].func
+
+    def div(x, y, rounding_mode=""):
+        integers = [jnp.issubdtype(jnp.result_type(v), jnp.integer) for v in (x, y)]
+        if rounding_mode != "trunc" or not all(integers):
+            return torchax_div(x, y, rounding_mode=rounding_mode)
+        x, y = jnp.broadcast_arrays(jnp.asarray(x, jnp.int64), jnp.asarray(y, jnp.int64))
+        return jax.lax.div(x, y)  # integer division rounds toward zero
+
+    environment._ops[aten.div] = ops_registry.Operator(aten.div, div, is_jax_function=True, is_user_defined=True,
+                                                       needs_env=False, is_view_op=False)
     environment._ops[aten.searchsorted.Tensor] = ops_registry.Operator(
         aten.searchsorted.Tensor, searchsorted, is_jax_function=True, is_user_defined=True, needs_env=False,
         is_view_op=False)
@@ -224,15 +288,21 @@ class GraphContents:
         op_counts: op name (``stablehlo.gather``, ``chlo.top_k``, ...) -> occurrences.
         custom_calls: custom-call targets, one entry per call.
         host_ops: send / recv / infeed / outfeed ops and host-callback custom calls.
-        float64: whether any value is f64.
+        float64: the lines computing an f64 from run-time values (arguments, or anything
+            computed from one).
+        float64_constants: f64 values computed from constants only (torch-mlir writes a Python
+            float scalar as an f64 constant and a convert; a compiler folds them).
+        dynamic_shapes: the lines holding a tensor of a size known only at run time.
         limit_violations: one :class:`LimitViolation` per op outside :data:`NEURON_HLO_LIMITS`.
     """
 
     op_counts: collections.Counter
     custom_calls: list[str]
     host_ops: list[str]
-    float64: bool
+    float64: list[str]
     limit_violations: list[LimitViolation]
+    float64_constants: int = 0
+    dynamic_shapes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_ops(self) -> int:
@@ -248,8 +318,11 @@ class GraphContents:
         """
         found = []
         if self.float64:
-            found.append("float64 values in the module")
+            found.append(f"float64 computed from run-time values ({len(self.float64)} lines): {self.float64[0][:200]}")
+        if self.dynamic_shapes:
+            found.append(f"run-time tensor sizes ({len(self.dynamic_shapes)} lines): {self.dynamic_shapes[0][:200]}")
         found += [f"host transfer: {op}" for op in self.host_ops]
+        found += [f"{op}: not StableHLO, which XLA does not import" for op in self.op_counts if op.startswith("tensor.")]
         calls, allowed = collections.Counter(self.custom_calls), custom_calls or collections.Counter()
         if calls != allowed:
             found.append(f"custom calls {dict(calls)}; allowed {dict(allowed)}")
@@ -259,18 +332,39 @@ class GraphContents:
 
 
 def analyse(text: str) -> GraphContents:
-    """Read a StableHLO module's text (``Lowered.as_text()``)."""
+    """Read a StableHLO module's text (``Lowered.as_text()``, or torch-mlir's module printed)."""
     lines = text.splitlines()
     counts = collections.Counter(m for line in lines for m in _OP.findall(line.split("//")[0]))
     calls = [a or b for line in lines for a, b in _CUSTOM_CALL.findall(line)]
     host = [op for op in _HOST_OPS for line in lines if re.search(rf"\b{re.escape(op)}\b", line)]
     host += [target for target in calls if "callback" in target.lower()]
-    return GraphContents(op_counts=counts, custom_calls=calls, host_ops=host,
-                         float64=re.search(r"(?:\dx|<|\s|\()f64\b", text) is not None,
+    runtime, constants = _float64_lines(lines)
+    dynamic = [line.strip() for line in lines if _DYNAMIC.search(line.split("//")[0])]
+    return GraphContents(op_counts=counts, custom_calls=calls, host_ops=host, float64=runtime,
+                         float64_constants=constants, dynamic_shapes=dynamic,
                          limit_violations=_limit_violations(lines))
 
 
-_CONSTANT = re.compile(r"\s*(%[\w#]+)\s*=\s*stablehlo\.constant\s+dense<([^>]*)>")
+_F64 = re.compile(r"(?:\dx|<|\s|\()f64\b")
+_DYNAMIC = re.compile(r"tensor<(?:[\d?]+x)*\?")
+
+
+def _float64_lines(lines) -> tuple[list[str], int]:
+    """``(lines computing an f64 from run-time values, f64 values computed from constants only)``."""
+    folded, runtime, constants = _foldable(lines), [], 0
+    for line in lines:
+        body = line.split("//")[0]
+        if not _F64.search(body):
+            continue
+        match = _DEFINITION.match(body)
+        if match and match.group(1) in folded:
+            constants += 1
+        else:
+            runtime.append(body.strip())
+    return runtime, constants
+
+
+_CONSTANT = re.compile(r"\s*(%[\w#]+)\s*=\s*(?:stablehlo|arith)\.constant\s+dense<([^>]*)>")
 _SAME_VALUE = re.compile(r"\s*(%[\w#]+)\s*=\s*stablehlo\.(?:broadcast_in_dim|convert|reshape)\s+(%[\w#]+)")
 
 
@@ -311,8 +405,8 @@ def _foldable(lines) -> set[str]:
         name, op, rest = match.groups()
         op = op.strip('"')
         operands = re.findall(r"%[\w#]+", rest.split(":")[0])
-        if op in ("stablehlo.constant", "stablehlo.iota") or (
-                op.startswith("stablehlo.") and operands and all(o in folded for o in operands)):
+        if op in ("stablehlo.constant", "arith.constant", "stablehlo.iota") or (
+                op.startswith(("stablehlo.", "arith.")) and operands and all(o in folded for o in operands)):
             folded.add(name)
     return folded
 
@@ -435,14 +529,15 @@ class CacheLayout:
         return buffer.view(dtype).view(self.pages, -1)
 
 
-_VIEW_OPS = (torch.ops.aten.alias.default, torch.ops.aten.view.dtype)
+_VIEW_OPS = (torch.ops.aten.alias.default, torch.ops.aten.detach.default, torch.ops.aten.view.dtype)
 
 
 def cache_layouts(gm: torch.fx.GraphModule, mutated: list[int]) -> list[CacheLayout | None]:
     """One :class:`CacheLayout` per mutated input of an ATen graph (None: not an int8 allocation).
 
-    Pages: the first dimension of the first multi-dimensional view of the input reached
-    through dtype views and aliases. Dtypes: every ``view.dtype`` of an int8 tensor of the
+    Pages: the first dimension of the first multi-dimensional view of a wider dtype reached from
+    the input through aliases, dtype views and views of int8 (the ``[N / itemsize, itemsize]``
+    view a dtype view is taken of). Dtypes: every ``view.dtype`` of an int8 tensor of the
     input's size anywhere in the graph (after functionalisation a later view is taken of the
     updated buffer, not of the input itself).
     """
@@ -456,7 +551,7 @@ def cache_layouts(gm: torch.fx.GraphModule, mutated: list[int]) -> list[CacheLay
             continue
         dtypes = frozenset(n.args[1] for n in views
                            if (source := n.args[0].meta.get("val")) is not None
-                           and source.dtype is torch.int8 and tuple(source.shape) == tuple(value.shape))
+                           and source.dtype is torch.int8 and source.numel() == value.numel())
         layouts.append(CacheLayout(_pages(placeholders[index]), dtypes))
     return layouts
 
@@ -466,7 +561,8 @@ def _pages(node: torch.fx.Node) -> int:
     while frontier:
         current = frontier.pop(0)
         for user in current.users:
-            if user.target in _VIEW_OPS:
+            if user.target in _VIEW_OPS or (user.target is torch.ops.aten.view.default
+                                            and user.meta["val"].dtype is torch.int8):
                 frontier.append(user)
             elif user.target is torch.ops.aten.view.default and len(user.args[1]) > 1:
                 return int(user.args[1][0])
@@ -487,23 +583,32 @@ class XlaLoweringBackend:
     """A ``torch.compile`` backend: every bucket lowered to StableHLO, checked, compiled and run on XLA:CPU.
 
     Args:
+        importer: ``"torch_mlir"`` (the native route's: :func:`neuron_decompositions`, torch-mlir's
+            FX importer and StableHLO pipeline) or ``"torchax"`` (core-ATen decompositions,
+            torchax's JAX lowering: a proxy of the deprecated HLO route).
         compare: also run each ATen graph under torch on the same inputs and keep the
             differences (fp32); False for a smoke run (bf16).
         custom_calls: custom-call targets allowed in every bucket, with their counts.
         accept: limit violations accounted for (:func:`accept_foldable_power` by default).
 
-    Raises (when a bucket compiles):
-        LoweringRefused: the module has a problem (listed), before XLA compiles it.
+    Raises:
+        ValueError: an unknown ``importer``.
+        LoweringRefused (when a bucket compiles): the importer cannot lower an op of the
+            graph, or the module has a problem (listed), before XLA compiles it.
 
     Attributes (the harness reads ``dynamo_graphs`` and ``aten_graphs`` like its recorder's):
         dynamo_graphs, aten_graphs: the graphs compiled, in order.
         buckets: one :class:`BucketLowering` per ATen graph.
     """
 
-    def __init__(self, compare: bool = True, custom_calls=None, accept=accept_foldable_power) -> None:
-        self.compare, self.custom_calls, self.accept = compare, custom_calls, accept
+    def __init__(self, importer: str = "torch_mlir", compare: bool = True, custom_calls=None,
+                 accept=accept_foldable_power) -> None:
+        if importer not in IMPORTERS:
+            raise ValueError(f"importer must be one of {IMPORTERS}; got {importer!r}")
+        self.importer, self.compare, self.custom_calls, self.accept = importer, compare, custom_calls, accept
         self.dynamo_graphs, self.aten_graphs, self.buckets = [], [], []
-        self._aot = aot_autograd(fw_compiler=self._compile, decompositions=core_aten_decompositions())
+        decompositions = neuron_decompositions() if importer == "torch_mlir" else core_aten_decompositions()
+        self._aot = aot_autograd(fw_compiler=self._compile, decompositions=decompositions)
 
     def __call__(self, gm, example_inputs, options=None):
         """``options``: the runner's ``torch.compile(options=...)`` (Neuron's; nothing here reads them)."""
@@ -515,12 +620,12 @@ class XlaLoweringBackend:
         layouts = cache_layouts(gm, TracingContext.get().fw_metadata.mutated_inp_runtime_indices)
         with unset_fake_temporarily():
             start = time.perf_counter()
-            lowered = _lower(gm, example_inputs)
+            lowered = _lower_torch_mlir(gm) if self.importer == "torch_mlir" else _lower(gm, example_inputs)
             lowered_at = time.perf_counter()
             contents = analyse(lowered.as_text())
             problems = contents.problems(self.custom_calls, self.accept)
             if problems:
-                raise LoweringRefused(f"bucket {len(self.buckets)}: " + "; ".join(problems))
+                raise LoweringRefused(f"bucket {len(self.buckets)} ({self.importer}): " + "; ".join(problems))
             executable = lowered.compile()
         bucket = BucketLowering(len(self.buckets), contents, lowered_at - start, time.perf_counter() - lowered_at)
         self.buckets.append(bucket)
@@ -588,3 +693,92 @@ def _lower(gm, example_inputs):
 
     specs = [jax.ShapeDtypeStruct(tuple(t.shape), t2j_dtype(t.dtype)) for t in example_inputs]
     return jax.jit(graph).lower(*specs)
+
+
+# --- the native route's importer: torch-mlir ----------------------------------------------------
+
+_RUN_TIME_SIZE = re.compile(r"!torch\.vtensor<\[[^\]]*\?")
+_BACKEND_PIPELINE = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
+                     "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})")
+_STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=True})"
+
+
+@functools.cache
+def _xla_cpu():
+    """``(jax, the XLA:CPU backend)``, int64 kept (the graphs' indices and positions are int64)."""
+    import jax
+    import jax.extend.backend
+
+    jax.config.update("jax_enable_x64", True)
+    return jax, jax.extend.backend.get_backend("cpu")
+
+
+class MlirLowered:
+    """A torch-mlir StableHLO module, with ``as_text()`` and ``compile()`` as JAX's ``Lowered`` has."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def as_text(self) -> str:
+        return self.text
+
+    def compile(self):
+        """An XLA:CPU executable: ``run(*arrays) -> [arrays]``."""
+        jax, backend = _xla_cpu()
+        executable = backend.compile_and_load(self.text, backend.devices()[:1],
+                                              jax.extend.backend.get_compile_options(1, 1))
+        return lambda *arrays: executable.execute(list(arrays))
+
+
+def _lower_torch_mlir(gm) -> MlirLowered:
+    """The ATen graph through torch-mlir's FX importer, its Torch backend pipeline and its StableHLO pipeline.
+
+    Raises:
+        LoweringRefused: a pipeline failed; the message names the ATen ops the module still held.
+    """
+    from torch_mlir import fx as mlir_fx
+    from torch_mlir.compiler_utils import OutputType, TorchMlirCompilerError, run_pipeline_with_repro_report
+
+    _xla_cpu()
+    try:
+        module = mlir_fx.stateless_fx_import(gm, output_type=OutputType.RAW)
+    except Exception as error:  # the importer's own refusals: NotImplementedError, KeyError, ...
+        raise LoweringRefused(f"torch-mlir's FX importer refused the graph: {type(error).__name__}: {error}") from error
+    for pipeline, stage in ((_BACKEND_PIPELINE, "Torch backend IR"), (_STABLEHLO_PIPELINE, "StableHLO")):
+        try:
+            run_pipeline_with_repro_report(module, pipeline, f"ATen graph -> {stage}")
+        except TorchMlirCompilerError:
+            text = str(module)
+            left = sorted(set(re.findall(r'(?:name = |torch\.operator\s+)"(torch\.[\w.]+)"', text)))  # ops it does not know
+            left = left or sorted(set(re.findall(r"torch\.aten\.[\w.]+", text)))
+            raise LoweringRefused(f"torch-mlir could not lower the graph to {stage}; ATen ops left: {left}") from None
+        if stage == "Torch backend IR" and (sized := _RUN_TIME_SIZE.search(text := str(module))):
+            line = text[text.rfind("\n", 0, sized.start()) + 1:].split("\n", 1)[0]
+            raise LoweringRefused(f"run-time tensor sizes in the graph: {line.strip()[:300]}")
+    return MlirLowered(inline_resources(str(module)))
+
+
+_RESOURCES = re.compile(r"\{-#\s*dialect_resources:.*?#-\}", re.S)
+_BLOB = re.compile(r"([\w.$-]+):\s*\"0x([0-9A-Fa-f]*)\"")
+
+
+def inline_resources(text: str) -> str:
+    """The module with every ``dense_resource<blob>`` constant written out as ``dense<"0x...">``.
+
+    torch-mlir keeps a tensor constant of the graph (an index table built on the host while
+    tracing) as a resource blob at the end of the module; XLA's importer takes dense elements
+    only. A blob's hex is a 4-byte alignment, then the elements' raw bytes.
+    """
+    resources = _RESOURCES.search(text)
+    if resources is None:
+        return text
+    blobs = {name: data[8:] for name, data in _BLOB.findall(resources.group(0))}
+    body = text[:resources.start()] + text[resources.end():]
+
+    def dense(match):
+        name = match.group(1)
+        if name not in blobs:
+            raise ValueError(f"dense_resource<{name}> has no blob in the module")
+        return f'dense<"0x{blobs[name]}">'
+
+    return re.sub(r"dense_resource<([\w.$-]+)>", dense, body)
