@@ -10,7 +10,7 @@ shell. Every request below goes through vLLM's OpenAI server, its input processi
 scheduler, executor and output processing.
 
 The config is the shipped one scaled to a tiny checkpoint of its family
-(``test_trn2_configs_start.scaled`` / ``tiny_checkpoint``: every token count divided by one
+(``serve_config.scaled`` / ``tiny_checkpoint``: every token count divided by one
 power of two, the bucket structure kept), in float32 (transformers' ids must match exactly),
 at tensor-parallel size 1 (the worker stand-in runs one rank on this 2-core machine).
 
@@ -34,7 +34,7 @@ import torch
 import yaml
 
 from neuron_testing import oracle
-from test_trn2_configs_start import scaled, tiny_checkpoint
+from serve_config import scaled, tiny_checkpoint
 
 from serving import (REQUEST_TIMEOUT_S, Server, all_at_once, completion, free_port, generated_ids, serving_process,
                      stream_events)
@@ -50,10 +50,9 @@ pytestmark = pytest.mark.slow
 
 
 def served_settings(path: pathlib.Path, **overrides) -> dict:
-    """A shipped config scaled to the tiny checkpoints, float32, one rank, ``overrides`` on top."""
+    """A shipped config scaled to the tiny checkpoints (one rank), float32, ``overrides`` on top."""
     settings = scaled(yaml.safe_load(path.read_text()))
-    settings.update({"dtype": "float32", "tensor-parallel-size": 1, "served-model-name": SERVED_NAME}, **overrides)
-    settings.pop("model", None)  # the tiny checkpoint is given on the command line
+    settings.update({"dtype": "float32", "served-model-name": SERVED_NAME}, **overrides)
     return settings
 
 
