@@ -1,4 +1,4 @@
-"""Every shipped trn2 config, and the README's plain ``vllm serve`` route, through the runner's start-up.
+"""Every shipped per-model trn2 config through the runner's start-up.
 
 Each config, scaled to a tiny checkpoint (``serve_config.scaled``), is read by vLLM's own
 ``vllm serve --config`` parser and handed to the runner stand-in (``runner.py``) with its own
@@ -11,6 +11,11 @@ construction, ``load_weights``, ``.to``, the compile call), ``get_kv_cache_spec`
 platform's hybrid alignment, ``initialize_kv_cache`` (shared int8 buffers, dtype views,
 ``bind_kv_cache``) and the warm-up of every bucket; then one request is served. The same
 configs through vLLM's engine config and the Neuron platform stand-in: ``test_front_end.py``.
+
+``configs/serve-trn2.yaml`` is left out here: scaled, it is ``qwen3_5-27b.yaml`` but for its
+block count (the same checkpoint, dtype, buckets and sampling), so its start-up would repeat
+that case op for op; it is served end to end through vLLM's engine by
+``test_engine_serving.py``, and read through vLLM's front end by ``test_front_end.py``.
 """
 
 import pytest
@@ -25,13 +30,17 @@ from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
 pytestmark = pytest.mark.vllm024  # every case runs in the vLLM 0.24 lane too (scripts/test.sh)
 
 
+# The serve-trn2.yaml case would repeat the 27B config's (see above).
+STARTED = [path for path in CONFIGS if path.name != "serve-trn2.yaml"]
+
+
 def start(settings: dict, model_dir: str):
     """The runner's start-up of the shell under the config's settings."""
     return serve_config.start(Qwen3_5NeuronForCausalLM, settings, model_dir)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STARTED, ids=lambda p: p.name)
 def test_the_config_starts_under_the_runner_and_serves(path, tiny_model):
     settings = scaled(yaml.safe_load(path.read_text()))
     runner = start(settings, tiny_checkpoint(settings, tiny_model))
@@ -52,3 +61,11 @@ def test_async_scheduling_without_on_device_sampling_stops_the_runner_at_init(ti
     settings["additional-config"]["neuron_config"]["on_device_sampling_config"] = None
     with pytest.raises(RuntimeError, match="On-device sampling must be enabled for async execution"):
         start(settings, tiny_checkpoint(settings, tiny_model))
+
+
+def test_the_left_out_config_repeats_the_27b_case():
+    """What leaving ``serve-trn2.yaml`` out of the start-up cases rests on."""
+    generic, per_model = (scaled(yaml.safe_load(path.read_text())) for path in (CONFIGS[-1], CONFIGS[0]))
+    assert (CONFIGS[-1].name, CONFIGS[0].name) == ("serve-trn2.yaml", "qwen3_5-27b.yaml")
+    differing = {key for key in generic.keys() | per_model.keys() if generic.get(key) != per_model.get(key)}
+    assert differing == {"num-gpu-blocks-override", "gpu-memory-utilization", "served-model-name"}
