@@ -29,24 +29,21 @@ PREFIX = "FRONT_END "
 
 
 def worker_model(vllm_config):
-    """The model a Neuron worker builds: the registry's class for the architecture, ``from_configs`` under meta."""
-    import torch
+    """The model a Neuron worker builds: the registry's class for the architecture, the runner's meta construction."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from runner import NeuronConfigStandIn
+    from runner import NeuronConfigStandIn, meta_model
     from runner_vision import VisionNeuronConfigStandIn
 
     model_config = vllm_config.model_config
     cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config=model_config)
     additional = vllm_config.additional_config
     neuron_config = NeuronConfigStandIn(dict(additional.get("neuron_config", {})))
-    with set_current_vllm_config(vllm_config), torch.device("meta"):
-        if "vision_neuron_config" in additional:
-            vision = VisionNeuronConfigStandIn.from_dict(dict(additional["vision_neuron_config"]))
-            return cls.from_configs(hf_config=model_config.hf_config, text_neuron_config=neuron_config,
-                                    vision_neuron_config=vision)
-        return cls.from_configs(model_config.hf_config, neuron_config)
+    vision = additional.get("vision_neuron_config")
+    vision_config = None if vision is None else VisionNeuronConfigStandIn.from_dict(dict(vision))
+    with set_current_vllm_config(vllm_config):
+        return meta_model(cls, model_config.hf_config, neuron_config, vision_config)
 
 
 def engine_config_report(args) -> dict:

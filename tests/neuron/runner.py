@@ -276,6 +276,16 @@ class Request:
         return len(self.output) >= self.max_new_tokens
 
 
+def meta_model(model_cls, hf_config, neuron_config, vision_neuron_config=None):
+    """``load_model``'s construction: ``from_configs`` under ``torch.device("meta")``, in the
+    multimodal form (``text_neuron_config=``, ``vision_neuron_config=``) where a vision config is given."""
+    with torch.device("meta"):
+        if vision_neuron_config is not None:
+            return model_cls.from_configs(hf_config=hf_config, text_neuron_config=neuron_config,
+                                          vision_neuron_config=vision_neuron_config)
+        return model_cls.from_configs(hf_config, neuron_config)
+
+
 def block_table_width(max_model_len: int, block_size: int) -> int:
     """Columns of a group's block table: ``cdiv(max_model_len, block_size)`` rounded up to a
     multiple of ``128 // block_size`` (the runner's warm-up matches InputBatch's alignment)."""
@@ -346,12 +356,7 @@ class NeuronRunnerStandIn:
         text.dtype = getattr(torch, self.settings.dtype)
         self.model_dtype = text.dtype
         self.rank_tensor = torch.tensor(tp_rank, dtype=torch.int32)
-        with torch.device("meta"):
-            if self.vision_neuron_config is not None:
-                model = self.model_cls.from_configs(hf_config=hf_config, text_neuron_config=self.neuron_config,
-                                                    vision_neuron_config=self.vision_neuron_config)
-            else:
-                model = self.model_cls.from_configs(hf_config, self.neuron_config)
+        model = meta_model(self.model_cls, hf_config, self.neuron_config, self.vision_neuron_config)
         model.load_weights(self.settings.model, torch.device("cpu"), self.settings.download_dir)
         self.model = model.to(torch.device("cpu"))
         torch._dynamo.reset()  # a fresh compile cache, as in a new worker process
