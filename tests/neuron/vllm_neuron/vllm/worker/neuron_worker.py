@@ -78,11 +78,10 @@ STRUCTURED_OUTPUTS_OFF = ("Structured outputs were requested, but neuron_config.
 
 
 def shell_class(model_config):
-    """The class vLLM's registry resolves for the served architecture: it must be the Neuron shell."""
+    """The class vLLM's registry resolves for the served architecture: one whose ``from_configs`` builds the model."""
     from vllm.model_executor.models.registry import ModelRegistry
 
     model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures, model_config=model_config)
-    model_cls = getattr(model_cls, "neuron_shell", model_cls)
     if not hasattr(model_cls, "from_configs"):
         raise TypeError(f"{arch} resolves to {model_cls.__module__}.{model_cls.__qualname__}, which is not a Neuron "
                         f"model (no from_configs): serve a VllmGdnNeuron* architecture on the Neuron platform")
