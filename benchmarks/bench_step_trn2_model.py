@@ -60,7 +60,7 @@ import serve_config  # noqa: E402
 import step_model  # noqa: E402
 from runner import GraphRecorder  # noqa: E402
 from vllm_gdn_neuron import sizing  # noqa: E402
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM  # noqa: E402
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM  # noqa: E402
 
 RESULTS = HERE / "results"
 PROMPT = 1024

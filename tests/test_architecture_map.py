@@ -1,12 +1,12 @@
 """``docs/architecture.md`` names every module of the tree, each under its own package.
 
 The map is the fenced block at the top of that page: one header line per package
-(``models/``, ``neuron/``, ``layers/``, ``ops/``, ``kernels/``) and, below it, the modules of
+(``shells/vllm/``, ``shells/neuron/``, ``model/``, ``ops/``, ``kernels/``) and, below it, the modules of
 that package by file name. A module counts as named when its file name (or its stem, as in
 ``*.py  NKI kernels (conv1d, gdn_cte, ...)``) appears in its package's lines; a kernel's
 ``*_torch.py`` mirror counts with its kernel; the files of a subfolder count when the folder
 is named (``backends/torch/``, ``reference/``, ``interp/``). The package's top-level modules
-may be named anywhere on the page.
+(and those of ``shells/`` itself) may be named anywhere on the page.
 """
 
 import pathlib
@@ -14,7 +14,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
-PACKAGES = ("models", "neuron", "layers", "ops", "kernels")
+PACKAGES = ("shells/vllm", "shells/neuron", "model", "ops", "kernels")
 HEADER = re.compile(rf"^[\s|+-]*({'|'.join(PACKAGES)})/\s")
 
 
@@ -36,10 +36,11 @@ def _source_files():
     """``(package or None, path relative to the package folder)`` of every module file."""
     for path in sorted((ROOT / "vllm_gdn_neuron").rglob("*.py")):
         relative = path.relative_to(ROOT / "vllm_gdn_neuron")
-        if len(relative.parts) == 1:
+        depth = 2 if relative.parts[0] == "shells" else 1
+        if len(relative.parts) == depth:
             yield None, relative
         else:
-            yield relative.parts[0], pathlib.Path(*relative.parts[1:])
+            yield "/".join(relative.parts[:depth]), pathlib.Path(*relative.parts[depth:])
     for path in sorted((ROOT / "kernels").rglob("*.py")):
         yield "kernels", path.relative_to(ROOT / "kernels")
 

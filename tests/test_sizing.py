@@ -18,8 +18,8 @@ import yaml
 from safetensors import safe_open
 
 from vllm_gdn_neuron import plugin, sizing
-from vllm_gdn_neuron.layers import dims as model_dims
-from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
+from vllm_gdn_neuron.model import dims as model_dims
+from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRN2_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
@@ -130,7 +130,7 @@ def test_page_geometry_equals_the_neuron_shells(name):
     """The shell's own page layout (neuron/cache.py): sizing's state page and KV bytes per token agree with it."""
     import transformers
 
-    from vllm_gdn_neuron.neuron.cache import GDNPageLayout, attention_bytes_per_token, hybrid_block_size
+    from vllm_gdn_neuron.shells.neuron.cache import GDNPageLayout, attention_bytes_per_token, hybrid_block_size
 
     class_name, overrides, _ = sizing.PUBLISHED[name]
     config = getattr(transformers, class_name)(**overrides)
@@ -253,7 +253,7 @@ def test_tiny_device_config_holds_its_sequences(tiny_models, name):
 
     import transformers
 
-    from vllm_gdn_neuron.neuron.checks import check_neuron_config
+    from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config
 
     settings = yaml.safe_load(config.read_text())
     text_config = transformers.AutoConfig.from_pretrained(tiny_models[name])
@@ -278,7 +278,7 @@ def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
 
     import transformers
 
-    from vllm_gdn_neuron.neuron.checks import check_neuron_config, check_text_config
+    from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config, check_text_config
 
     settings = yaml.safe_load(path.read_text())
     class_name, overrides, _ = sizing.PUBLISHED[settings["model"]]

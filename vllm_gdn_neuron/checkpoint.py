@@ -19,7 +19,7 @@ import pathlib
 import types
 
 from vllm_gdn_neuron.plugin import ARCHITECTURES
-from vllm_gdn_neuron.layers.dims import (ModelDims, check_layer_types, config_layer_types, count_vision_weights,
+from vllm_gdn_neuron.model.dims import (ModelDims, check_layer_types, config_layer_types, count_vision_weights,
                                          count_weights)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -114,7 +114,7 @@ def check_servable(checkpoint: Checkpoint, quantization_config: dict | None) -> 
     Raises:
         ValueError: as the plugin would at start-up (the message names the setting).
     """
-    from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config
+    from vllm_gdn_neuron.model.gdn_cache import check_gdn_config
 
     quantization = (quantization_config or {}).get("quant_method", "unknown") if quantization_config else None
     check_gdn_config(checkpoint.text, tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto",
@@ -209,7 +209,7 @@ def kv_bytes_per_token(text, dtype: str) -> int:
 
 def state_bytes_per_sequence(text, dtype: str) -> int:
     """GatedDeltaNet conv + recurrent state bytes of one sequence over all GDN layers (any length)."""
-    from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
+    from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
 
     (channels, kernel), (hv, dk, dv) = gdn_state_shapes(text, tp_size=1)
     per_layer = channels * kernel * DTYPE_BYTES[dtype] + hv * dk * dv * RECURRENT_STATE_BYTES

@@ -7,9 +7,9 @@ module lazily, by name), and does nothing when ``VLLM_GDN_NEURON_DISABLE=1``.
 
 Which classes it registers depends on the platform, and only on the platform:
 
-- on vLLM's CPU platform: the vLLM shell (:mod:`vllm_gdn_neuron.models.qwen3_5`) under the
+- on vLLM's CPU platform: the vLLM shell (:mod:`vllm_gdn_neuron.shells.vllm.qwen3_5`) under the
   checkpoints' own architecture names (``ARCHITECTURES``), replacing vLLM's built-ins, and
-  its multi-token-prediction drafter (:mod:`vllm_gdn_neuron.models.qwen3_5_mtp`) under the
+  its multi-token-prediction drafter (:mod:`vllm_gdn_neuron.shells.vllm.qwen3_5_mtp`) under the
   names vLLM's speculative config gives ``method: "mtp"`` on those targets
   (``MTP_ARCHITECTURES``);
 - on any other vLLM platform (CUDA, ROCm, XPU, TPU, ...): nothing, and one log line saying so.
@@ -17,12 +17,12 @@ Which classes it registers depends on the platform, and only on the platform:
   image support, which this text-only torch path would silently replace.
   ``VLLM_GDN_NEURON_ANY_PLATFORM=1`` registers the vLLM shell there too (to compare, or where
   vLLM's classes cannot serve);
-- on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.neuron.model`),
-  through its registry entry (:mod:`vllm_gdn_neuron.neuron.registry_entry`: vLLM's front end
+- on Neuron (vllm-neuron's platform): the Neuron shell (:mod:`vllm_gdn_neuron.shells.neuron.model`),
+  through its registry entry (:mod:`vllm_gdn_neuron.shells.neuron.registry_entry`: vLLM's front end
   inspects the entry, vllm-neuron's runner builds the shell from it with ``from_configs``),
   under names no other package ships (``NEURON_ARCHITECTURES``), chosen per model with
   ``--hf-overrides '{"architectures": ["VllmGdnNeuronQwen3_5ForCausalLM"]}'`` (the
-  ``...ForConditionalGeneration`` names resolve to :mod:`vllm_gdn_neuron.neuron_multimodal`,
+  ``...ForConditionalGeneration`` names resolve to :mod:`vllm_gdn_neuron.shells.neuron.multimodal_entry`,
   which vLLM sees as multimodal, so images reach the shell's tower). vllm-neuron
   re-registers its own model list in its workers after the general plugins ran; a
   name only this plugin registers cannot be replaced, so which class serves a model
@@ -34,7 +34,7 @@ import os
 DISABLE_ENV = "VLLM_GDN_NEURON_DISABLE"
 ANY_PLATFORM_ENV = "VLLM_GDN_NEURON_ANY_PLATFORM"
 
-_MODEL_MODULE = "vllm_gdn_neuron.models.qwen3_5"
+_MODEL_MODULE = "vllm_gdn_neuron.shells.vllm.qwen3_5"
 ARCHITECTURES = (
     "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM",
@@ -43,16 +43,16 @@ ARCHITECTURES = (
     "Qwen3NextForCausalLM",
 )
 
-_MTP_MODULE = "vllm_gdn_neuron.models.qwen3_5_mtp"
+_MTP_MODULE = "vllm_gdn_neuron.shells.vllm.qwen3_5_mtp"
 # vLLM 0.32's SpeculativeConfig.hf_config_override: qwen3_5 / qwen3_5_text -> Qwen3_5MTP,
 # qwen3_5_moe / qwen3_5_moe_text -> Qwen3_5MoeMTP, qwen3_next -> Qwen3NextMTP.
 MTP_ARCHITECTURES = ("Qwen3_5MTP", "Qwen3_5MoeMTP", "Qwen3NextMTP")
 
 # What vLLM's registry holds for the Neuron names: vLLM's front end inspects it, and
 # vllm-neuron's runner builds the shell from it (``from_configs``).
-_NEURON_TARGET = "vllm_gdn_neuron.neuron.registry_entry:Qwen3_5NeuronRegistryEntry"
+_NEURON_TARGET = "vllm_gdn_neuron.shells.neuron.registry_entry:Qwen3_5NeuronRegistryEntry"
 # The vision-language names: the same shell, seen by vLLM as multimodal (images on trn2).
-_NEURON_MULTIMODAL_TARGET = "vllm_gdn_neuron.neuron_multimodal:Qwen3_5NeuronMultiModal"
+_NEURON_MULTIMODAL_TARGET = "vllm_gdn_neuron.shells.neuron.multimodal_entry:Qwen3_5NeuronMultiModal"
 # The name a user selects -> the checkpoint architecture whose vLLM config hook it keeps.
 NEURON_ARCHITECTURES = {f"VllmGdnNeuron{arch}": arch for arch in ARCHITECTURES}
 
@@ -136,14 +136,14 @@ def prepare_config(vllm_config) -> None:
       feeds 1-D positions (M-RoPE equals plain RoPE on text positions). With images or video
       enabled they stay, and vLLM feeds ``[3, T]`` positions.
     - Refuses what the GatedDeltaNet layer cannot serve with a ``ValueError`` naming
-      the setting (see :func:`vllm_gdn_neuron.layers.gdn_cache.check_gdn_config`), and
+      the setting (see :func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`), and
       ``method: "mtp"`` on a checkpoint without an MTP head it can build
-      (:func:`vllm_gdn_neuron.layers.mtp.check_mtp_config`).
+      (:func:`vllm_gdn_neuron.model.mtp.check_mtp_config`).
     """
-    from vllm_gdn_neuron.layers.attention import check_attention_heads
-    from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config
-    from vllm_gdn_neuron.layers.mtp import check_mtp_config
-    from vllm_gdn_neuron.layers.rotary import MROPE_KEYS
+    from vllm_gdn_neuron.model.attention import check_attention_heads
+    from vllm_gdn_neuron.model.gdn_cache import check_gdn_config
+    from vllm_gdn_neuron.model.mtp import check_mtp_config
+    from vllm_gdn_neuron.model.rotary import MROPE_KEYS
 
     model_config = vllm_config.model_config
     text_config = model_config.hf_text_config

@@ -42,9 +42,9 @@ import pathlib
 import sys
 from dataclasses import dataclass, replace
 
-from vllm_gdn_neuron.layers.dims import ModelDims, count_weights
-from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, hybrid_block_size
-from vllm_gdn_neuron.neuron.contract import NUM_RESERVED_PAGES
+from vllm_gdn_neuron.model.dims import ModelDims, count_weights
+from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, hybrid_block_size
+from vllm_gdn_neuron.shells.neuron.contract import NUM_RESERVED_PAGES
 
 GIB = 1024**3
 MIB = 1024**2

@@ -21,7 +21,7 @@ MODEL = "qwen3_5-dense"
 def test_layers_choose_once_at_construction_and_log_once(tiny_models, monkeypatch):
     from vllm import SamplingParams
 
-    import vllm_gdn_neuron.models.gated_deltanet as shell
+    import vllm_gdn_neuron.shells.vllm.gated_deltanet as shell
 
     monkeypatch.delenv("VLLM_GDN_BACKEND", raising=False)
     built, logged, in_place = [], [], []

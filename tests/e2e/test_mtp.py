@@ -326,7 +326,7 @@ def test_every_layout_loads_its_head_and_drafts_like_transformers(tiny_models, m
         drafter = llm.collective_rpc(_capture_drafter)[0]
         got = _greedy(llm, [prompt] + TOGETHER[:LAYOUT_PROMPTS])
         captured = list(_captured)
-    assert drafter.startswith("vllm_gdn_neuron.models.qwen3_5_mtp."), drafter
+    assert drafter.startswith("vllm_gdn_neuron.shells.vllm.qwen3_5_mtp."), drafter
     # The first drafting call: the prompts' prefill, each attending within itself; the first
     # prompt's rows come first.
     call = captured[0]

@@ -73,7 +73,7 @@ def hf_video_inputs(model_dir: str, frames) -> dict:
     import numpy as np
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from vllm_gdn_neuron.models.vision_processing import VIDEO_CONFIG, VIDEO_DEFAULTS, video_patches
+    from vllm_gdn_neuron.shells.vision_processing import VIDEO_CONFIG, VIDEO_DEFAULTS, video_patches
 
     config = {**VIDEO_DEFAULTS, **json.loads((pathlib.Path(model_dir) / VIDEO_CONFIG).read_text())}
     pixels, grid = video_patches(np.stack([np.asarray(f) for f in frames]), config,

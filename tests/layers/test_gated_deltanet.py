@@ -14,7 +14,7 @@ import torch
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels import reference
-from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_gates, gdn_mix
+from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_gates, gdn_mix
 
 TOLERANCE = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 

@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 
-from vllm_gdn_neuron.layers.gdn_cache import check_gdn_config, gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.model.gdn_cache import check_gdn_config, gdn_state_dtypes, gdn_state_shapes
 
 
 def _config(**overrides):

@@ -1,5 +1,7 @@
 """The package's floors import downwards only: shells -> model definition -> ops -> kernels.
 
+The two shells never import each other; what they share of vLLM's front end sits in ``shells/`` itself.
+
 Every import statement of every module (function-level imports included) is read with
 ``ast``; relative imports are resolved against the module's package.
 """
@@ -14,13 +16,13 @@ PACKAGE = "vllm_gdn_neuron"
 
 # floor -> modules it must never import (prefix match on the dotted name)
 FORBIDDEN = {
-    "kernels": ("vllm_gdn_neuron.ops", "vllm_gdn_neuron.layers", "vllm_gdn_neuron.models",
-                "vllm_gdn_neuron.neuron", "vllm_gdn_neuron.plugin", "vllm", "vllm_neuron"),
-    "ops": ("vllm_gdn_neuron.layers", "vllm_gdn_neuron.models", "vllm_gdn_neuron.neuron",
-            "vllm_gdn_neuron.plugin", "vllm", "vllm_neuron"),
-    "layers": ("vllm_gdn_neuron.models", "vllm_gdn_neuron.neuron", "vllm_gdn_neuron.plugin", "vllm", "vllm_neuron"),
-    "models": ("vllm_gdn_neuron.neuron", "vllm_neuron"),
-    "neuron": ("vllm_gdn_neuron.models", "vllm_gdn_neuron.plugin"),
+    "kernels": ("vllm_gdn_neuron.ops", "vllm_gdn_neuron.model", "vllm_gdn_neuron.shells",
+                "vllm_gdn_neuron.plugin", "vllm", "vllm_neuron"),
+    "ops": ("vllm_gdn_neuron.model", "vllm_gdn_neuron.shells", "vllm_gdn_neuron.plugin", "vllm", "vllm_neuron"),
+    "model": ("vllm_gdn_neuron.shells", "vllm_gdn_neuron.plugin", "vllm", "vllm_neuron"),
+    "shells": ("vllm_gdn_neuron.shells.vllm", "vllm_gdn_neuron.shells.neuron", "vllm_gdn_neuron.plugin"),
+    "shells.vllm": ("vllm_gdn_neuron.shells.neuron", "vllm_gdn_neuron.plugin", "vllm_neuron"),
+    "shells.neuron": ("vllm_gdn_neuron.shells.vllm", "vllm_gdn_neuron.plugin"),
 }
 
 
@@ -29,6 +31,8 @@ def _modules():
     for path in sorted((ROOT / PACKAGE).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         floor = parts[1] if len(parts) > 2 else None
+        if floor == "shells" and len(parts) > 3:
+            floor = f"shells.{parts[2]}"
         yield floor, ".".join(p for p in parts if p != "__init__"), path
     for path in sorted((ROOT / "kernels").rglob("*.py")):
         parts = ("vllm_gdn_neuron",) + path.relative_to(ROOT).with_suffix("").parts

@@ -5,8 +5,8 @@ import types
 import pytest
 import torch
 
-from vllm_gdn_neuron.layers.checkpoint import mtp_tensor_name
-from vllm_gdn_neuron.layers.mtp import MTPInputNorms, check_mtp_config, mtp_num_layers
+from vllm_gdn_neuron.model.checkpoint import mtp_tensor_name
+from vllm_gdn_neuron.model.mtp import MTPInputNorms, check_mtp_config, mtp_num_layers
 
 
 @pytest.mark.parametrize(

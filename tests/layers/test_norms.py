@@ -5,8 +5,8 @@ partial last one)."""
 import pytest
 import torch
 
-from vllm_gdn_neuron.layers import norms
-from vllm_gdn_neuron.layers.norms import GatedRMSNorm, ZeroCentredRMSNorm
+from vllm_gdn_neuron.model import norms
+from vllm_gdn_neuron.model.norms import GatedRMSNorm, ZeroCentredRMSNorm
 
 BLOCKING = pytest.mark.parametrize("block_rows", [None, 3], ids=["whole", "row-blocks"])
 

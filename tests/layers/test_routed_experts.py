@@ -16,8 +16,8 @@ Tolerances, stated:
 import pytest
 import torch
 
-from vllm_gdn_neuron.layers.mlp import dense_expert_mixture, softmax_top_k
-from vllm_gdn_neuron.layers.routed_experts import (
+from vllm_gdn_neuron.model.mlp import dense_expert_mixture, softmax_top_k
+from vllm_gdn_neuron.model.routed_experts import (
     gathered_expert_mixture,
     grouped_expert_mixture,
     max_expert_blocks,

@@ -8,9 +8,9 @@ in one call, as a batch of requests does.
 import pytest
 import torch
 
-from vllm_gdn_neuron.layers.checkpoint import vision_tensor_name
-from vllm_gdn_neuron.layers.rotary import PartialRotaryEmbedding, mrope_axes
-from vllm_gdn_neuron.layers.vision import VisionTower, check_grid_thw, mrope_positions, vision_grid_inputs
+from vllm_gdn_neuron.model.checkpoint import vision_tensor_name
+from vllm_gdn_neuron.model.rotary import PartialRotaryEmbedding, mrope_axes
+from vllm_gdn_neuron.model.vision import VisionTower, check_grid_thw, mrope_positions, vision_grid_inputs
 
 # (t, h, w) in patches: a wide image, a tall one, a video of 2 temporal patches, a 2x2 image.
 GRIDS = [[1, 4, 6], [1, 8, 2], [2, 4, 4], [1, 2, 2]]
@@ -166,7 +166,7 @@ def test_vision_weight_count_equals_transformers(out_hidden_size):
     """The published tower (transformers' Qwen3_5VisionConfig defaults: depth 27, width 1152) and the tiny one."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
-    from vllm_gdn_neuron.layers.dims import count_vision_weights
+    from vllm_gdn_neuron.model.dims import count_vision_weights
 
     for config in (_vision_config(out_hidden_size=out_hidden_size), _published_vision(out_hidden_size)):
         with torch.device("meta"):
@@ -191,7 +191,7 @@ def test_prompt_positions_match_transformers_rope_index():
     from transformers import Qwen3_5Config
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
 
-    from vllm_gdn_neuron.layers.vision import token_runs
+    from vllm_gdn_neuron.model.vision import token_runs
 
     image, video, text = 9, 8, 1
     tokens = [text] * 3 + [image] * 6 + [text] * 4 + [video] * 2 + [text] * 2 + [video] * 2 + [text] * 5

@@ -8,7 +8,7 @@ the sampler does, on vLLM's CPU platform with vLLM's own kernel overrides regist
 import pytest
 import torch
 
-from vllm_gdn_neuron.models import cpu_rejection_sampler
+from vllm_gdn_neuron.shells.vllm import cpu_rejection_sampler
 
 # Three requests with 2, 0 and 3 draft tokens; the middle value is the greedy temperature 0.
 CU_NUM_TOKENS = torch.tensor([2, 2, 5], dtype=torch.int32)

@@ -8,7 +8,7 @@ import torch
 
 @pytest.mark.parametrize(("heads", "kv_heads", "tp"), [(4, 2, 3), (6, 4, 3), (4, 4, 8)])
 def test_attention_heads_that_do_not_split_are_refused(heads, kv_heads, tp):
-    from vllm_gdn_neuron.layers.attention import check_attention_heads
+    from vllm_gdn_neuron.model.attention import check_attention_heads
 
     config = types.SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads)
     with pytest.raises(ValueError, match=f"tensor_parallel_size must divide num_attention_heads={heads}.*got tensor_parallel_size={tp}"):
@@ -17,13 +17,13 @@ def test_attention_heads_that_do_not_split_are_refused(heads, kv_heads, tp):
 
 @pytest.mark.parametrize(("heads", "kv_heads", "tp"), [(4, 2, 2), (4, 2, 4), (8, 1, 4)])
 def test_attention_heads_that_split_pass(heads, kv_heads, tp):
-    from vllm_gdn_neuron.layers.attention import check_attention_heads
+    from vllm_gdn_neuron.model.attention import check_attention_heads
 
     check_attention_heads(types.SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads), tp)
 
 
 def test_prefix_cache_copies_the_whole_slot_of_the_current_block():
-    from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForCausalLM
+    from vllm_gdn_neuron.shells.vllm.qwen3_5 import Qwen3_5ForCausalLM
 
     conv_copy, ssm_copy = Qwen3_5ForCausalLM.get_mamba_state_copy_func()
     conv_state = torch.zeros(6, 5, 4)  # [blocks, C, K]
@@ -36,7 +36,7 @@ def test_prefix_cache_copies_the_whole_slot_of_the_current_block():
 
 def test_prefix_cache_copy_after_a_speculative_step_reads_the_last_accepted_slot():
     """Both states keep one slot per draft position: 3 accepted tokens -> 2 slots past the block."""
-    from vllm_gdn_neuron.models.qwen3_5 import Qwen3_5ForCausalLM
+    from vllm_gdn_neuron.shells.vllm.qwen3_5 import Qwen3_5ForCausalLM
 
     conv_state, ssm_state = torch.zeros(6, 5, 4), torch.zeros(6, 2, 3, 4)
     for copy_func, state in zip(Qwen3_5ForCausalLM.get_mamba_state_copy_func(), (conv_state, ssm_state)):
@@ -49,7 +49,7 @@ def test_prefix_cache_copy_after_a_speculative_step_reads_the_last_accepted_slot
 
 
 def test_a_step_without_the_layers_metadata_is_refused_once_the_cache_is_bound():
-    from vllm_gdn_neuron.models.gated_deltanet import layer_metadata
+    from vllm_gdn_neuron.shells.vllm.gated_deltanet import layer_metadata
 
     name = "model.layers.0.linear_attn"
     with pytest.raises(RuntimeError, match=f"{name}: no GatedDeltaNet metadata in this step \\(attn_metadata has no "
@@ -60,7 +60,7 @@ def test_a_step_without_the_layers_metadata_is_refused_once_the_cache_is_bound()
 
 
 def test_only_the_profiling_run_without_a_cache_mixes_nothing():
-    from vllm_gdn_neuron.models.gated_deltanet import layer_metadata
+    from vllm_gdn_neuron.shells.vllm.gated_deltanet import layer_metadata
 
     name = "model.layers.0.linear_attn"
     assert layer_metadata(None, name, cache_bound=False) is None

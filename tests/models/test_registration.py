@@ -48,7 +48,7 @@ def test_entry_point_registers_every_architecture_once():
     report = _probe()
     assert set(report) == set(ARCHITECTURES)
     for arch, entry in report.items():
-        assert entry["module"] == "vllm_gdn_neuron.models.qwen3_5", arch
+        assert entry["module"] == "vllm_gdn_neuron.shells.vllm.qwen3_5", arch
         assert entry["hook_is_ours"], arch
 
 
@@ -145,10 +145,10 @@ def test_the_vllm_shell_replaces_vllms_classes_on_cpu_or_where_forced(monkeypatc
         ModelRegistry.register_model(arch, f"vllm.model_executor.models.qwen3_5:{arch}")
     _fresh_registration(monkeypatch, platform)
     for arch in ARCHITECTURES:
-        assert ModelRegistry.models[arch].module_name == "vllm_gdn_neuron.models.qwen3_5", arch
+        assert ModelRegistry.models[arch].module_name == "vllm_gdn_neuron.shells.vllm.qwen3_5", arch
         assert MODELS_CONFIG_MAP[arch].is_vllm_gdn_neuron_hook, arch
     for arch in MTP_ARCHITECTURES:  # the drafters are configured through their targets' hooks
-        assert ModelRegistry.models[arch].module_name == "vllm_gdn_neuron.models.qwen3_5_mtp", arch
+        assert ModelRegistry.models[arch].module_name == "vllm_gdn_neuron.shells.vllm.qwen3_5_mtp", arch
         assert ModelRegistry.models[arch].class_name == arch
         assert not getattr(MODELS_CONFIG_MAP.get(arch), "is_vllm_gdn_neuron_hook", False), arch
 
@@ -190,8 +190,8 @@ def test_on_neuron_only_the_neuron_shell_is_registered_under_its_own_names(monke
     for name, checkpoint_arch in plugin.NEURON_ARCHITECTURES.items():
         assert name.startswith("VllmGdnNeuron") and name.endswith(checkpoint_arch)
         multimodal = checkpoint_arch.endswith("ForConditionalGeneration")
-        assert ModelRegistry.models[name].module_name == ("vllm_gdn_neuron.neuron_multimodal" if multimodal
-                                                          else "vllm_gdn_neuron.neuron.registry_entry")
+        assert ModelRegistry.models[name].module_name == ("vllm_gdn_neuron.shells.neuron.multimodal_entry" if multimodal
+                                                          else "vllm_gdn_neuron.shells.neuron.registry_entry")
         assert ModelRegistry.models[name].class_name == ("Qwen3_5NeuronMultiModal" if multimodal
                                                          else "Qwen3_5NeuronRegistryEntry")
         assert MODELS_CONFIG_MAP[name].is_vllm_gdn_neuron_hook
@@ -206,9 +206,9 @@ def test_which_class_serves_does_not_depend_on_load_order(monkeypatch):
     plugin = _fresh_registration(monkeypatch, "neuron")
     # vllm-neuron's worker registers its own list after the general plugins ran:
     for arch in ARCHITECTURES:
-        ModelRegistry.register_model(arch, "vllm_gdn_neuron.models.qwen3_5:Qwen3_5ForCausalLM")
+        ModelRegistry.register_model(arch, "vllm_gdn_neuron.shells.vllm.qwen3_5:Qwen3_5ForCausalLM")
     for name in plugin.NEURON_ARCHITECTURES:
-        assert ModelRegistry.models[name].module_name.startswith("vllm_gdn_neuron.neuron")
+        assert ModelRegistry.models[name].module_name.startswith("vllm_gdn_neuron.shells.neuron")
     assert not set(plugin.NEURON_ARCHITECTURES) & set(ARCHITECTURES)
 
 
@@ -231,9 +231,9 @@ def test_the_neuron_vision_language_entry_is_multimodal_to_vllm():
     resolved class takes multimodal inputs: ``SupportsMultiModal`` with a processor registered."""
     from vllm.model_executor.models.interfaces import supports_multimodal
 
-    from vllm_gdn_neuron.models import vision_processing
-    from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-    from vllm_gdn_neuron.neuron_multimodal import Qwen3_5NeuronMultiModal
+    from vllm_gdn_neuron.shells import vision_processing
+    from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+    from vllm_gdn_neuron.shells.neuron.multimodal_entry import Qwen3_5NeuronMultiModal
 
     assert supports_multimodal(Qwen3_5NeuronMultiModal) and not supports_multimodal(Qwen3_5NeuronForCausalLM)
     # The CPU shell's processor (its class is built on vLLM 0.32's layers, so not imported here: vLLM 0.24 too)

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from vllm_gdn_neuron.models.vision_processing import VIDEO_DEFAULTS, group_timestamps, video_patches
+from vllm_gdn_neuron.shells.vision_processing import VIDEO_DEFAULTS, group_timestamps, video_patches
 
 
 def _noise(height: int, width: int, seed: int) -> np.ndarray:

@@ -5,8 +5,8 @@ import types
 import pytest
 import torch
 
-from vllm_gdn_neuron.layers.checkpoint import split_flat_qkv, unpack_grouped_ba, unpack_grouped_qkvz
-from vllm_gdn_neuron.models.weights import plan_loads
+from vllm_gdn_neuron.model.checkpoint import split_flat_qkv, unpack_grouped_ba, unpack_grouped_qkvz
+from vllm_gdn_neuron.shells.vllm.weights import plan_loads
 
 
 def _config(hk, hv, dk, dv):

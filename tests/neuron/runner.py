@@ -68,7 +68,7 @@ end to end in batch-row order, the bucket's padding after the last one (what the
 input preparation makes of ``num_scheduled_tokens_padded`` equal to the real count for all
 but the last request, which takes the padding), a block table of R rows (rows past the step's
 requests stale), ``sampling_positions [R]`` padded with the last real one, and a warm-up of
-R rows; the step is checked on the host by ``vllm_gdn_neuron.neuron.packing.check_prefill_rows``
+R rows; the step is checked on the host by ``vllm_gdn_neuron.shells.neuron.packing.check_prefill_rows``
 before the compiled forward. Its ``max_query_len`` is the bucket's token count, as the warm-up
 passes it: the runner's own rule (the largest padded count) gives the bucket only when one
 request takes the whole bucket, and Dynamo guards on that int, so a runner packing prompts
@@ -99,8 +99,8 @@ from torch._dynamo.backends.common import aot_autograd
 
 import runner_cache
 import runner_vision
-from vllm_gdn_neuron.neuron.kv_spec import STAND_INS
-from vllm_gdn_neuron.neuron.packing import check_prefill_rows
+from vllm_gdn_neuron.shells.neuron.kv_spec import STAND_INS
+from vllm_gdn_neuron.shells.neuron.packing import check_prefill_rows
 
 NULL_BLOCK_ID = 0
 PAD_SLOT_ID = -1

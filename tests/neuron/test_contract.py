@@ -1,7 +1,7 @@
 """The Neuron shell's side of the pinned vllm-neuron contract: spec classes, cache spec, page arithmetic.
 
 vllm-neuron cannot be installed here, so the spec classes are the shell's stand-ins;
-these tests pin their fields to the version named in ``vllm_gdn_neuron.neuron.contract``.
+these tests pin their fields to the version named in ``vllm_gdn_neuron.shells.neuron.contract``.
 """
 
 import dataclasses
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from runner import NeuronConfigStandIn, stand_ins_in_use
-from vllm_gdn_neuron.neuron import cache, contract, kv_spec
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron import cache, contract, kv_spec
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 
 
 def _fields(cls):

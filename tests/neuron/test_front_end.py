@@ -25,10 +25,10 @@ import yaml
 import front_end
 from serve_config import CONFIGS, scaled, tiny_checkpoint, write
 
-ENTRY = "vllm_gdn_neuron.neuron.registry_entry.Qwen3_5NeuronRegistryEntry"
-MULTIMODAL_ENTRY = "vllm_gdn_neuron.neuron_multimodal.Qwen3_5NeuronMultiModal"
-SHELL = "vllm_gdn_neuron.neuron.model.Qwen3_5NeuronForCausalLM"
-VISION_SHELL = "vllm_gdn_neuron.neuron.model.Qwen3_5NeuronForConditionalGeneration"
+ENTRY = "vllm_gdn_neuron.shells.neuron.registry_entry.Qwen3_5NeuronRegistryEntry"
+MULTIMODAL_ENTRY = "vllm_gdn_neuron.shells.neuron.multimodal_entry.Qwen3_5NeuronMultiModal"
+SHELL = "vllm_gdn_neuron.shells.neuron.model.Qwen3_5NeuronForCausalLM"
+VISION_SHELL = "vllm_gdn_neuron.shells.neuron.model.Qwen3_5NeuronForConditionalGeneration"
 # The tiny vision-language checkpoint's tower takes these buckets (tests/neuron/test_shell_vision.py).
 TINY_VISION = {"num_vision_tokens_buckets": [32, 64], "vision_attention_block_size": 32}
 

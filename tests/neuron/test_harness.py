@@ -16,7 +16,7 @@ import torch
 
 from neuron_testing import oracle
 from runner import EngineSettings, NeuronRunnerStandIn, host_reads, serve, symbolic_graphs
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 
 # (prompt length, new tokens, arrival step): one-token prompts, prompts longer than the
 # largest prefill bucket (chunked), decode batches above and below the decode bucket.

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runner import NeuronConfigStandIn
-from vllm_gdn_neuron.neuron.checks import check_neuron_config
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def _engine(image=0, video=0, multimodal=True, prefix_caching=False, cache_dtype
 @pytest.fixture
 def current_engine(monkeypatch):
     """``current_engine(config)``: the config ``from_configs`` reads as vLLM's current one."""
-    import vllm_gdn_neuron.neuron.model as shell_model
+    import vllm_gdn_neuron.shells.neuron.model as shell_model
 
     def set_engine(vllm_config):
         monkeypatch.setattr(shell_model, "current_vllm_config", lambda: vllm_config)
@@ -124,7 +124,7 @@ def current_engine(monkeypatch):
 def test_a_vision_neuron_config_serving_no_images_is_accepted_with_one_log_line(dense_config, current_engine,
                                                                                  caplog):
     vision = types.SimpleNamespace(vision_attention_block_size=2048, num_vision_tokens_buckets=[2048])
-    checks_logger = logging.getLogger("vllm.plugins.vllm_gdn_neuron.neuron.checks")
+    checks_logger = logging.getLogger("vllm.plugins.vllm_gdn_neuron.shells.neuron.checks")
     checks_logger.addHandler(caplog.handler)  # vLLM's "vllm" logger does not propagate to the root
     try:
         for engine in (_engine(image=0, video=0), _engine(multimodal=False), None):

@@ -40,7 +40,7 @@ def _rank_main(rank, world, init_file, model_dir, workload, out_file):
     sys.path.insert(0, HERE)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+    from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 
     class ShardedModel(Qwen3_5NeuronForCausalLM):
         @classmethod
@@ -81,7 +81,7 @@ def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
     mp.start_processes(_rank_main, args=(2, tmp_path / "pg", model_dir, workload, out_file), nprocs=2,
                        start_method="spawn")
     sys.path.insert(0, HERE)
-    from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+    from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 
     tp1_ids, tp1_graphs = _serve(Qwen3_5NeuronForCausalLM, model_dir, workload)
     assert tp1_graphs == 3  # two prefill buckets, one decode bucket

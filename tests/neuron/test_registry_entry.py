@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runner import NeuronConfigStandIn
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-from vllm_gdn_neuron.neuron.registry_entry import Qwen3_5NeuronRegistryEntry
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.registry_entry import Qwen3_5NeuronRegistryEntry
 
 
 @pytest.mark.vllm024
@@ -20,7 +20,7 @@ def test_vllm_sees_a_hybrid_text_generation_model_and_not_the_shell_alone():
     from vllm.model_executor.models.interfaces import is_hybrid
     from vllm.model_executor.models.interfaces_base import is_text_generation_model
 
-    from vllm_gdn_neuron.neuron_multimodal import Qwen3_5NeuronMultiModal
+    from vllm_gdn_neuron.shells.neuron.multimodal_entry import Qwen3_5NeuronMultiModal
 
     for entry in (Qwen3_5NeuronRegistryEntry, Qwen3_5NeuronMultiModal):
         assert is_text_generation_model(entry) and is_hybrid(entry)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from runner import GraphRecorder, host_reads
-from vllm_gdn_neuron.layers.mlp import softmax_top_k
-from vllm_gdn_neuron.layers.routed_experts import gathered_expert_mixture, grouped_expert_mixture
+from vllm_gdn_neuron.model.mlp import softmax_top_k
+from vllm_gdn_neuron.model.routed_experts import gathered_expert_mixture, grouped_expert_mixture
 
 
 @pytest.mark.parametrize(("path", "num_tokens", "num_experts", "top_k"), [

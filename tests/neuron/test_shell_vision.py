@@ -29,11 +29,11 @@ import torch
 
 from runner import GraphRecorder, EngineSettings, NeuronRunnerStandIn, Request, host_reads, symbolic_graphs
 from runner_vision import EncoderCacheStandIn, ImageFeature
-from vllm_gdn_neuron.layers.rotary import PartialRotaryEmbedding
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-from vllm_gdn_neuron.neuron.mrope import mrope_input_positions
-from vllm_gdn_neuron.neuron.vision import check_vision_inputs
-from vllm_gdn_neuron.neuron.vision_tower import NeuronVisionTower, VisionLayout, encode_images, pack_images
+from vllm_gdn_neuron.model.rotary import PartialRotaryEmbedding
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.mrope import mrope_input_positions
+from vllm_gdn_neuron.shells.neuron.vision import check_vision_inputs
+from vllm_gdn_neuron.shells.neuron.vision_tower import NeuronVisionTower, VisionLayout, encode_images, pack_images
 
 IMAGE, VIDEO, START, END = 500, 501, 502, 503
 SECTION = (4, 2, 2)  # of rotary_dim / 2 = 8 slots: height 1, 4; width 2, 5; temporal 0, 3, 6, 7

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from serve_config import serve_parser
-from vllm_gdn_neuron.neuron.checks import UNQUANTIZED, check_sampling_config, check_vision_neuron_config
+from vllm_gdn_neuron.shells.neuron.checks import UNQUANTIZED, check_sampling_config, check_vision_neuron_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))

@@ -26,8 +26,8 @@ import torch
 
 from neuron_testing import oracle
 from runner import EngineSettings, NeuronRunnerStandIn, host_reads, serve, symbolic_graphs
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
-from vllm_gdn_neuron.neuron.spec_decode import REJECTED, judge_drafts
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.spec_decode import REJECTED, judge_drafts
 
 TRAINED = pathlib.Path(__file__).resolve().parents[2] / "configs" / "trained" / "qwen3_5-tiny-mtp"
 PREFILL_BUCKETS, DECODE_BUCKETS = (16,), (2, 4)

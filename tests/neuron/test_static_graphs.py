@@ -6,7 +6,7 @@ import types
 import torch
 
 from runner import symbolic_graphs
-from vllm_gdn_neuron.neuron.static_graphs import require_static_graphs
+from vllm_gdn_neuron.shells.neuron.static_graphs import require_static_graphs
 
 
 def _graphs_of_two_buckets() -> list:

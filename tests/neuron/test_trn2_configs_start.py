@@ -25,7 +25,7 @@ import yaml
 import serve_config
 from runner import serve
 from serve_config import CONFIGS, scaled, tiny_checkpoint
-from vllm_gdn_neuron.neuron.model import Qwen3_5NeuronForCausalLM
+from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 
 pytestmark = pytest.mark.vllm024  # every case runs in the vLLM 0.24 lane too (scripts/test.sh)
 

@@ -47,7 +47,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._guards import TracingContext
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from vllm_gdn_neuron.neuron.contract import reserved_pages
+from vllm_gdn_neuron.shells.neuron.contract import reserved_pages
 
 # Per-op limits stated by the Neuron documentation: "TensorFlow Neuron (tensorflow-neuron
 # (TF1.x)) Supported operators [XLA]" (release-notes/archive/neuron-cc/neuron-cc-ops/

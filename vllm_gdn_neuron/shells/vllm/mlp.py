@@ -1,6 +1,6 @@
 """The vLLM shell of Qwen3.5's feed-forward blocks: vLLM's parallel linears and fused MoE.
 
-The math (SwiGLU, the gated shared expert) is :mod:`vllm_gdn_neuron.layers.mlp`; the
+The math (SwiGLU, the gated shared expert) is :mod:`vllm_gdn_neuron.model.mlp`; the
 routed experts run in vLLM's fused MoE (its top-k softmax routing, renormalised).
 """
 
@@ -10,7 +10,7 @@ from torch import nn
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
-from vllm_gdn_neuron.layers.mlp import gated_shared_expert, swiglu
+from vllm_gdn_neuron.model.mlp import gated_shared_expert, swiglu
 
 
 class SwiGLUMLP(nn.Module):

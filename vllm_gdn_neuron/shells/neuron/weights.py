@@ -1,7 +1,7 @@
 """Checkpoint loading of the Neuron shell: Hugging Face safetensors -> this rank's parameters.
 
 Parameter names are the checkpoint's own text-decoder names (vision-language prefixes
-renamed, MTP head skipped: :mod:`vllm_gdn_neuron.layers.checkpoint`; the vision tower is
+renamed, MTP head skipped: :mod:`vllm_gdn_neuron.model.checkpoint`; the vision tower is
 loaded into ``visual.tower.*``, replicated, where the model has one and skipped otherwise),
 except where the layouts differ:
 
@@ -23,9 +23,9 @@ import re
 
 import torch
 
-from vllm_gdn_neuron.layers.checkpoint import (split_flat_qkv, text_tensor_name, unpack_grouped_ba, unpack_grouped_qkvz,
+from vllm_gdn_neuron.model.checkpoint import (split_flat_qkv, text_tensor_name, unpack_grouped_ba, unpack_grouped_qkvz,
                                                vision_tensor_name)
-from vllm_gdn_neuron.neuron.parallel import shard
+from vllm_gdn_neuron.shells.neuron.parallel import shard
 
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
 

@@ -23,11 +23,11 @@ rows and unused block-table entries read the zero page and are selected away wit
 import torch
 from torch import nn
 
-from vllm_gdn_neuron.layers.attention import GatedAttentionMath, check_attention_heads
-from vllm_gdn_neuron.neuron.cache import BoundPages
-from vllm_gdn_neuron.neuron.contract import reserved_pages
-from vllm_gdn_neuron.neuron.kv_spec import LayerSpec
-from vllm_gdn_neuron.neuron.packing import prefill_rows
+from vllm_gdn_neuron.model.attention import GatedAttentionMath, check_attention_heads
+from vllm_gdn_neuron.shells.neuron.cache import BoundPages
+from vllm_gdn_neuron.shells.neuron.contract import reserved_pages
+from vllm_gdn_neuron.shells.neuron.kv_spec import LayerSpec
+from vllm_gdn_neuron.shells.neuron.packing import prefill_rows
 
 
 class NeuronGatedAttention(GatedAttentionMath):
@@ -74,7 +74,7 @@ class NeuronGatedAttention(GatedAttentionMath):
             )
 
     def bind(self, pages: BoundPages) -> None:
-        """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.neuron.cache.bind_allocations`)."""
+        """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.shells.neuron.cache.bind_allocations`)."""
         self.kv_pages = pages
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool,

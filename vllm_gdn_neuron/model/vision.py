@@ -27,7 +27,7 @@ static-shape runner can compute those once per bucket and feed them in.
 
 Tensor parallelism: none. The tower is replicated on every rank: it runs once per image
 (not per generated token), and its weights are small next to the text decoder's (see
-:func:`vllm_gdn_neuron.layers.dims.count_vision_weights`: about 0.45 B parameters for the published
+:func:`vllm_gdn_neuron.model.dims.count_vision_weights`: about 0.45 B parameters for the published
 tower, against 2-397 B in the text decoders).
 
 Numerics follow transformers' ``Qwen3_5VisionModel``: layer norms, projections and
@@ -256,7 +256,7 @@ class PatchEmbed(nn.Module):
 
 class VisionTower(nn.Module):
     """Qwen3.5's vision encoder (module doc). Parameters are named as in the checkpoint after
-    ``visual.`` / ``model.visual.`` (:func:`vllm_gdn_neuron.layers.checkpoint.vision_tensor_name`).
+    ``visual.`` / ``model.visual.`` (:func:`vllm_gdn_neuron.model.checkpoint.vision_tensor_name`).
 
     Args:
         config: the checkpoint's ``vision_config`` (``depth``, ``hidden_size``, ``num_heads``,

@@ -1,6 +1,6 @@
 """From Hugging Face checkpoint tensors to the vLLM shell's (merged, vLLM-sharded) parameters.
 
-Both GatedDeltaNet layouts (see :mod:`vllm_gdn_neuron.layers.checkpoint`) load into the
+Both GatedDeltaNet layouts (see :mod:`vllm_gdn_neuron.model.checkpoint`) load into the
 same parameters. Each checkpoint tensor becomes zero or more ``(param_name, shard_id, tensor)`` loads;
 ``shard_id`` is None for a parameter loaded whole.
 """
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from vllm_gdn_neuron.layers.checkpoint import split_flat_qkv, unpack_grouped_ba, unpack_grouped_qkvz
+from vllm_gdn_neuron.model.checkpoint import split_flat_qkv, unpack_grouped_ba, unpack_grouped_qkvz
 
 # (checkpoint name part, parameter name part, shard of the merged parameter)
 _STACKED = (

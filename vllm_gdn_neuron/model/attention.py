@@ -10,8 +10,8 @@ out * sigmoid(gate) --o_proj--> [T, H]
 import torch
 from torch import nn
 
-from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
-from vllm_gdn_neuron.layers.rotary import PartialRotaryEmbedding
+from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.model.rotary import PartialRotaryEmbedding
 
 
 def check_attention_heads(config, tp_size: int) -> None:

@@ -24,7 +24,7 @@ Layout of one call (all static for a bucket ``B``):
 - per row: its patch row / column (2-D rotary), the four position-table taps and weights, and
   ``[bound_lo, bound_hi)``, the rows of its block it attends to (its image; a padding row only
   itself, so no row has an empty softmax);
-- the graph: :meth:`vllm_gdn_neuron.layers.vision.VisionTower.encode` over ``[NB, A]`` with the
+- the graph: :meth:`vllm_gdn_neuron.model.vision.VisionTower.encode` over ``[NB, A]`` with the
   bounds as a bool mask, merger to ``[NB, A / m^2, out_hidden_size]``, then one ``index_put_``
   of block ``i``'s merged rows into rows ``[0, A / m^2)`` of cache block ``write_block_ids[i]``
   (the scratch block for empty blocks).
@@ -44,7 +44,7 @@ import math
 import torch
 from torch import nn
 
-from vllm_gdn_neuron.layers.vision import VisionTower, check_grid_thw, vision_grid_inputs
+from vllm_gdn_neuron.model.vision import VisionTower, check_grid_thw, vision_grid_inputs
 
 # The graph inputs built on the host (with the runner's ``encoder_cache_buffer`` and
 # ``write_block_ids``, the keywords of :meth:`NeuronVisionTower.forward`).
@@ -159,7 +159,7 @@ class NeuronVisionTower(nn.Module):
     """``visual``: the tower on ``[NB, A]`` packed blocks, written into the encoder cache.
 
     Parameters: ``tower.*``, the checkpoint's ``visual.*`` names
-    (:class:`vllm_gdn_neuron.layers.vision.VisionTower`).
+    (:class:`vllm_gdn_neuron.model.vision.VisionTower`).
     """
 
     def __init__(self, vision_config, dtype: torch.dtype) -> None:

@@ -32,7 +32,7 @@ def text_tensor_name(name: str) -> str | None:
 
 
 def vision_tensor_name(name: str) -> str | None:
-    """The :class:`vllm_gdn_neuron.layers.vision.VisionTower` parameter name of a checkpoint
+    """The :class:`vllm_gdn_neuron.model.vision.VisionTower` parameter name of a checkpoint
     tensor (``model.visual.blocks.0.attn.qkv.weight`` -> ``blocks.0.attn.qkv.weight``), or None
     for a tensor outside the tower."""
     for prefix in VISION_PREFIXES:

@@ -20,7 +20,7 @@ Dimensions:
     k = top_k, N = T * k assignments, B = block_size.
 
 Notes:
-    Summation order: the dense reference (:func:`vllm_gdn_neuron.layers.mlp.dense_expert_mixture`)
+    Summation order: the dense reference (:func:`vllm_gdn_neuron.model.mlp.dense_expert_mixture`)
     adds each token's weighted expert outputs in expert-index order; the grouped path adds
     them in the same order (its blocks are sorted by expert and ``index_add`` accumulates in
     slot order), and so does the gathered path (it sorts each token's k choices). Inside each matmul the
@@ -36,7 +36,7 @@ Notes:
 
 import torch
 
-from vllm_gdn_neuron.layers.mlp import swiglu
+from vllm_gdn_neuron.model.mlp import swiglu
 
 # Rows per expert block of the grouped path: the TensorE array's 128 rows (one full
 # moving tile per block on a NeuronCore).

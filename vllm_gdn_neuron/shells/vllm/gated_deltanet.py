@@ -1,6 +1,6 @@
 """The vLLM shell of the GatedDeltaNet mixer: vLLM's parallel projections, mamba-style cache and metadata.
 
-The math is :func:`vllm_gdn_neuron.layers.gated_deltanet.gdn_mix` (shared with the Neuron
+The math is :func:`vllm_gdn_neuron.model.gated_deltanet.gdn_mix` (shared with the Neuron
 shell); this module only adapts vLLM's pieces to it:
 
 - projections: vLLM's parallel linear layers (heads sharded over tensor-parallel ranks;
@@ -39,11 +39,11 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
+from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.layer_backends import layer_backends
-from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
-from vllm_gdn_neuron.layers.norms import GatedRMSNorm
+from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.model.norms import GatedRMSNorm
 
 # vLLM's null block: never allocated to a request, so padding (if any) is routed there.
 PAD_PAGE = 0

@@ -1,7 +1,7 @@
 """Feed-forward math of Qwen3.5: SwiGLU, softmax top-k routing, and the gated shared expert.
 
 The vLLM shell runs the routed experts through vLLM's fused MoE; the Neuron shell
-through :mod:`vllm_gdn_neuron.layers.routed_experts` (only the chosen experts, static
+through :mod:`vllm_gdn_neuron.model.routed_experts` (only the chosen experts, static
 shapes). :func:`dense_expert_mixture` (every expert over every token, weights zero where
 a token did not pick the expert) is the reference those are held to.
 """

@@ -18,7 +18,7 @@ read and write their page; padding rows read the zero page and write the sink
 from its page (a chunk continuing a cached prompt).
 
 Per layer: one ``index_select`` of whole page rows, the shared mixer
-(:func:`vllm_gdn_neuron.layers.gated_deltanet.gdn_mix`) on those rows, one ``index_copy_``
+(:func:`vllm_gdn_neuron.model.gated_deltanet.gdn_mix`) on those rows, one ``index_copy_``
 of whole rows back; no strided write into the bound tensor.
 """
 
@@ -29,12 +29,12 @@ from torch import nn
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.ops import paged_nki
-from vllm_gdn_neuron.layers.gated_deltanet import GDNCaches, GDNDims, gdn_mix
-from vllm_gdn_neuron.layers.norms import GatedRMSNorm
-from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, BoundPages, GDNPageLayout
-from vllm_gdn_neuron.neuron.contract import reserved_pages
-from vllm_gdn_neuron.neuron.kv_spec import RecurrentLayerSpec
-from vllm_gdn_neuron.neuron.packing import prefill_rows
+from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_mix
+from vllm_gdn_neuron.model.norms import GatedRMSNorm
+from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, BoundPages, GDNPageLayout
+from vllm_gdn_neuron.shells.neuron.contract import reserved_pages
+from vllm_gdn_neuron.shells.neuron.kv_spec import RecurrentLayerSpec
+from vllm_gdn_neuron.shells.neuron.packing import prefill_rows
 
 
 @dataclass
@@ -170,7 +170,7 @@ class NeuronGatedDeltaNet(nn.Module):
         self.layout.check_pages(self.layer_name, pages)
 
     def bind(self, pages: BoundPages) -> None:
-        """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.neuron.cache.bind_allocations`)."""
+        """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.shells.neuron.cache.bind_allocations`)."""
         self.state_pages = pages
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool,

@@ -19,12 +19,12 @@ starting at position ``p`` gives its row-major token ``(r, c)`` the positions
 
 import torch
 
-from vllm_gdn_neuron.layers.vision import mrope_positions
+from vllm_gdn_neuron.model.vision import mrope_positions
 
 
 def mrope_input_positions(input_tokens, mm_features, spatial_merge_size: int) -> tuple[torch.Tensor, int]:
     """``([3, L] int64 positions, delta)`` of a prompt of ``L`` tokens
-    (:func:`vllm_gdn_neuron.layers.vision.mrope_positions` of its images' token grids).
+    (:func:`vllm_gdn_neuron.model.vision.mrope_positions` of its images' token grids).
 
     Args:
         input_tokens: the prompt's token ids (length L).

@@ -21,31 +21,31 @@ ids = sample(logits, sampling_params)            # on-device sampling only
 ```
 
 GDN call points (where the NKI kernels plug in): :meth:`NeuronGatedDeltaNet.forward`
-calls :func:`vllm_gdn_neuron.layers.gated_deltanet.gdn_mix`, i.e. ``ops.paged_conv1d_*``
+calls :func:`vllm_gdn_neuron.model.gated_deltanet.gdn_mix`, i.e. ``ops.paged_conv1d_*``
 and ``ops.paged_gdn_*`` on the gathered state rows.
 """
 
 import torch
 from torch import nn
 
-from vllm_gdn_neuron.layers.dims import is_sparse_layer
-from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
-from vllm_gdn_neuron.neuron.attention import NeuronGatedAttention
-from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
-from vllm_gdn_neuron.neuron.cache import STATE_DTYPE, bind_allocations
-from vllm_gdn_neuron.neuron.checks import (check_engine_config, check_neuron_config, check_speculative_config,
+from vllm_gdn_neuron.model.dims import is_sparse_layer
+from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.shells.neuron.attention import NeuronGatedAttention
+from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
+from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, bind_allocations
+from vllm_gdn_neuron.shells.neuron.checks import (check_engine_config, check_neuron_config, check_speculative_config,
                                            check_text_config, check_vision_neuron_config)
-from vllm_gdn_neuron.neuron.gdn import NeuronGatedDeltaNet
-from vllm_gdn_neuron.neuron.kv_spec import KVSpec
-from vllm_gdn_neuron.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
-from vllm_gdn_neuron.neuron.mrope import mrope_input_positions
-from vllm_gdn_neuron.neuron.parallel import current_tp_group
-from vllm_gdn_neuron.neuron.sampling import OnDeviceSampler
-from vllm_gdn_neuron.neuron.spec_decode import commit_states, judge_drafts, verify_width
-from vllm_gdn_neuron.neuron.static_graphs import require_static_graphs
-from vllm_gdn_neuron.neuron.weights import load_checkpoint
-from vllm_gdn_neuron.neuron.vision import check_vision_inputs, merge_vision_embeddings
-from vllm_gdn_neuron.neuron.vision_tower import (NeuronVisionTower, VisionLayout, encode_images,
+from vllm_gdn_neuron.shells.neuron.gdn import NeuronGatedDeltaNet
+from vllm_gdn_neuron.shells.neuron.kv_spec import KVSpec
+from vllm_gdn_neuron.shells.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
+from vllm_gdn_neuron.shells.neuron.mrope import mrope_input_positions
+from vllm_gdn_neuron.shells.neuron.parallel import current_tp_group
+from vllm_gdn_neuron.shells.neuron.sampling import OnDeviceSampler
+from vllm_gdn_neuron.shells.neuron.spec_decode import commit_states, judge_drafts, verify_width
+from vllm_gdn_neuron.shells.neuron.static_graphs import require_static_graphs
+from vllm_gdn_neuron.shells.neuron.weights import load_checkpoint
+from vllm_gdn_neuron.shells.neuron.vision import check_vision_inputs, merge_vision_embeddings
+from vllm_gdn_neuron.shells.neuron.vision_tower import (NeuronVisionTower, VisionLayout, encode_images,
                                                  synthetic_vision_inputs)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -335,7 +335,7 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
                 token comes from ``inputs_embeds``.
             rotary_position_ids: ``[3, T]`` int64 M-RoPE positions (temporal, height,
                 width), passed when the model config uses M-RoPE, or None. q and k turn by
-                them (``mrope_section``, :mod:`vllm_gdn_neuron.layers.rotary`); text tokens
+                them (``mrope_section``, :mod:`vllm_gdn_neuron.model.rotary`); text tokens
                 carry one value on all three axes, image tokens their grid position;
                 ``positions`` stays the cache position. Without an ``mrope_section`` only
                 the temporal row is read.

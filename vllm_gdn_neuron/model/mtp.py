@@ -20,7 +20,7 @@ whose embedding (and ``lm_head``) the head shares. Each shell builds the decoder
 import torch
 from torch import nn
 
-from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 
 #: The MTP layer counts this head serves (the published checkpoints ship one).
 SUPPORTED_MTP_LAYERS = (1,)

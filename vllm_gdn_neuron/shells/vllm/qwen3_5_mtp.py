@@ -3,7 +3,7 @@
 vLLM's speculative config maps ``method: "mtp"`` on a Qwen3.5 / Qwen3.5-MoE / Qwen3-Next
 target to the drafter architectures ``Qwen3_5MTP`` / ``Qwen3_5MoeMTP`` / ``Qwen3NextMTP``,
 built from the target's own checkpoint and config; the plugin registers this module's
-classes under those names. The head's math is :mod:`vllm_gdn_neuron.layers.mtp`; its
+classes under those names. The head's math is :mod:`vllm_gdn_neuron.model.mtp`; its
 decoder layer is the target's :class:`HybridDecoderLayer` (full attention over the drafter's
 own KV cache, layer 0's feed-forward rule), all TP-sharded like the target.
 
@@ -20,10 +20,10 @@ from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.sequence import IntermediateTensors
 
-from vllm_gdn_neuron.layers.checkpoint import mtp_tensor_name
-from vllm_gdn_neuron.layers.mtp import MTPInputNorms, check_mtp_config, mtp_num_layers
-from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
-from vllm_gdn_neuron.models.qwen3_5 import HybridDecoderLayer, WithLMHead
+from vllm_gdn_neuron.model.checkpoint import mtp_tensor_name
+from vllm_gdn_neuron.model.mtp import MTPInputNorms, check_mtp_config, mtp_num_layers
+from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.shells.vllm.qwen3_5 import HybridDecoderLayer, WithLMHead
 
 
 class MultiTokenPredictor(nn.Module):

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_gdn_neuron.layers.mlp import gated_shared_expert, softmax_top_k, swiglu
-from vllm_gdn_neuron.layers.routed_experts import routed_expert_mixture
+from vllm_gdn_neuron.model.mlp import gated_shared_expert, softmax_top_k, swiglu
+from vllm_gdn_neuron.model.routed_experts import routed_expert_mixture
 
 
 class NeuronSwiGLU(nn.Module):
@@ -39,7 +39,7 @@ class NeuronSparseMoE(nn.Module):
     """Top-k routed experts plus the sigmoid-gated shared expert (partial sums over ranks).
 
     The routed experts read and compute only the chosen ones
-    (:func:`vllm_gdn_neuron.layers.routed_experts.routed_expert_mixture`: gathered per
+    (:func:`vllm_gdn_neuron.model.routed_experts.routed_expert_mixture`: gathered per
     assignment in decode-sized buckets, grouped into expert blocks in prefill-sized ones).
 
     Parameters (checkpoint names): ``gate.weight [E, H]``, ``experts.*``,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_gdn_neuron.layers.gdn_cache import gdn_state_shapes
+from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
 
 STATE_DTYPE = torch.float32
 

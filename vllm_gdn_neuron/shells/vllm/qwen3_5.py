@@ -14,7 +14,7 @@ logits = lm_head(norm(x, r))          # lm_head is embed_tokens when the config 
 
 The text model classes differ only in how the checkpoint is laid out (see ``weights.py``).
 The vision-language classes wrap the text model (``language_model``) and add the vision
-tower (``visual``, :class:`vllm_gdn_neuron.layers.vision.VisionTower`): vLLM runs the tower
+tower (``visual``, :class:`vllm_gdn_neuron.model.vision.VisionTower`): vLLM runs the tower
 on each request's images, scatters the merged embeddings over the image placeholder
 tokens and feeds M-RoPE positions (``[3, T]``) to the attention layers.
 """
@@ -36,22 +36,22 @@ from vllm.multimodal.inputs import MultiModalFeatureSpec
 from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
-from vllm_gdn_neuron.layers.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
-from vllm_gdn_neuron.layers.dims import is_sparse_layer
-from vllm_gdn_neuron.layers.gdn_cache import gdn_state_dtypes, gdn_state_shapes
-from vllm_gdn_neuron.layers.norms import ZeroCentredRMSNorm
-from vllm_gdn_neuron.layers.vision import VisionTower, mrope_positions, token_runs, vision_grid_inputs
-from vllm_gdn_neuron.models import cpu_rejection_sampler
-from vllm_gdn_neuron.models.attention import GatedAttention
-from vllm_gdn_neuron.models.gated_deltanet import GatedDeltaNet
-from vllm_gdn_neuron.models.mlp import SparseMoE, SwiGLUMLP
-from vllm_gdn_neuron.models.vision_processing import (
+from vllm_gdn_neuron.model.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
+from vllm_gdn_neuron.model.dims import is_sparse_layer
+from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.model.vision import VisionTower, mrope_positions, token_runs, vision_grid_inputs
+from vllm_gdn_neuron.shells.vllm import cpu_rejection_sampler
+from vllm_gdn_neuron.shells.vllm.attention import GatedAttention
+from vllm_gdn_neuron.shells.vllm.gated_deltanet import GatedDeltaNet
+from vllm_gdn_neuron.shells.vllm.mlp import SparseMoE, SwiGLUMLP
+from vllm_gdn_neuron.shells.vision_processing import (
     Qwen3_5VisionDummyInputsBuilder,
     Qwen3_5VisionMultiModalProcessor,
     Qwen3_5VisionProcessingInfo,
     placeholder_str,
 )
-from vllm_gdn_neuron.models.weights import plan_loads
+from vllm_gdn_neuron.shells.vllm.weights import plan_loads
 
 # Under the "vllm" logger so vLLM's log configuration prints it.
 logger = init_logger(f"vllm.plugins.{__name__}")

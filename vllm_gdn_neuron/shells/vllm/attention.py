@@ -1,7 +1,7 @@
 """The vLLM shell of Qwen3.5's gated attention: vLLM's parallel projections and paged attention.
 
 The per-token math (q/gate split, zero-centred q/k norms, partial RoPE, output gate) is
-:class:`vllm_gdn_neuron.layers.attention.GatedAttentionMath`, shared with the Neuron shell.
+:class:`vllm_gdn_neuron.model.attention.GatedAttentionMath`, shared with the Neuron shell.
 """
 
 import torch
@@ -11,7 +11,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 
-from vllm_gdn_neuron.layers.attention import GatedAttentionMath, check_attention_heads
+from vllm_gdn_neuron.model.attention import GatedAttentionMath, check_attention_heads
 
 
 class GatedAttention(GatedAttentionMath):

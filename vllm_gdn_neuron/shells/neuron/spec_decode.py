@@ -26,7 +26,7 @@ token attends to them.
 
 import torch
 
-from vllm_gdn_neuron.neuron.gdn import PendingStates
+from vllm_gdn_neuron.shells.neuron.gdn import PendingStates
 
 # ``_parse_rejection_sampling_output``: ids past a row's accepted ones.
 REJECTED = -1

@@ -165,7 +165,7 @@ def count_weights(dims: ModelDims) -> WeightCount:
 
 
 def count_vision_weights(vision_config) -> int:
-    """Parameters of the vision tower (:class:`vllm_gdn_neuron.layers.vision.VisionTower`),
+    """Parameters of the vision tower (:class:`vllm_gdn_neuron.model.vision.VisionTower`),
     from a ``vision_config`` (an object or a dict with its fields), as the checkpoint holds them."""
     get = vision_config.get if isinstance(vision_config, dict) else lambda key: getattr(vision_config, key)
     e, i, out = get("hidden_size"), get("intermediate_size"), get("out_hidden_size")

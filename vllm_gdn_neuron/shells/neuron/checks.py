@@ -12,11 +12,11 @@ checks are skipped.
 import logging
 
 from vllm_gdn_neuron.kernels.gdn_cte import MAX_HEAD_DIM
-from vllm_gdn_neuron.layers.attention import check_attention_heads
-from vllm_gdn_neuron.layers.dims import check_layer_types
-from vllm_gdn_neuron.layers.mtp import check_mtp_config
-from vllm_gdn_neuron.layers.rotary import check_rope_parameters
-from vllm_gdn_neuron.neuron.vision_tower import check_vision_layout
+from vllm_gdn_neuron.model.attention import check_attention_heads
+from vllm_gdn_neuron.model.dims import check_layer_types
+from vllm_gdn_neuron.model.mtp import check_mtp_config
+from vllm_gdn_neuron.model.rotary import check_rope_parameters
+from vllm_gdn_neuron.shells.neuron.vision_tower import check_vision_layout
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
 
