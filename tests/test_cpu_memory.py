@@ -204,5 +204,5 @@ def test_the_vision_tower_counts_where_vllm_builds_it(tmp_path, checkpoint, vl_c
     tower *= 2  # bf16
     root = fake_machine(tmp_path, {0: FakeNode(tuple(range(8)), total=64, free=60)})
     text_only = _derive(checkpoint, root, dict(given)).weights
-    assert 851 * 2**20 < tower < 853 * 2**20  # 446.6 M parameters: the README's 852 MiB for the 2B
+    assert 851 * 2**20 < tower < 853 * 2**20  # 446.6 M parameters: docs/cpu-serving.md's 852 MiB for the 2B
     assert _derive(vl_checkpoint, root, dict(given)).weights == text_only + (tower if counted else 0)
