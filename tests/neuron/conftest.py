@@ -7,7 +7,7 @@ from neuron_testing import builder
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    """``tiny_model(name) -> folder``: a tiny checkpoint of ``configs/build_tiny_models.py``, built on first use."""
+    """``tiny_model(name) -> folder``: a tiny checkpoint of ``scripts/build_tiny_models.py``, built on first use."""
     out = tmp_path_factory.mktemp("neuron-tiny-models")
     built = {}
 

@@ -5,7 +5,7 @@ verify graph per decode bucket, ``spec_decode_metadata``) over the shell's forwa
 (``neuron/spec_decode.py``): each decode step carries every request's pending token and N
 drafts; the shell judges them in the graph, returns ``[rows, 1 + N]`` ids with ``-1`` past
 the accepted ones and keeps each GatedDeltaNet state at the last accepted token. The drafts
-come from the reference MTP head (``configs/mtp_reference.py``, transformers' modules) on the
+come from the reference MTP head (``scripts/mtp_reference.py``, transformers' modules) on the
 host: the pinned runner builds no MTP drafter (``docs/neuron-mtp.md``), so the harness stands
 in for one.
 
@@ -20,7 +20,7 @@ graph. The other two cases run the same forward eagerly.
 
 import pathlib
 
-import mtp_reference
+from scripts import mtp_reference
 import pytest
 import torch
 

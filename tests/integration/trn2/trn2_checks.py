@@ -352,16 +352,14 @@ def _load_module(name: str, path: pathlib.Path):
 
 
 def builder_models() -> tuple[str, ...]:
-    """The checkpoints ``configs/build_tiny_models.py`` builds (tiny, and real-dims where it has them)."""
-    import build_tiny_models as builder
-
+    """The checkpoints ``scripts/build_tiny_models.py`` builds (tiny, and real-dims where it has them)."""
+    builder = _load_module("trn2_builder", REPO / "scripts" / "build_tiny_models.py")
     return tuple(builder.MODELS) + tuple(getattr(builder, "REAL_MODELS", ()))
 
 
 def build_model(name: str, out_dir: pathlib.Path) -> pathlib.Path:
-    """A checkpoint of ``configs/build_tiny_models.py`` (a tiny or a real-dims one)."""
-    import build_tiny_models as builder
-
+    """A checkpoint of ``scripts/build_tiny_models.py`` (a tiny or a real-dims one)."""
+    builder = _load_module("trn2_builder", REPO / "scripts" / "build_tiny_models.py")
     return builder.build(name, out_dir)
 
 

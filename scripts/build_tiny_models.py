@@ -1,8 +1,8 @@
 """Build random-weight Qwen3.5 / Qwen3-Next checkpoints (tiny, and real per-layer dims) with a local tokenizer.
 
-    python configs/build_tiny_models.py                 # all tiny models into configs/tiny-models/
-    python configs/build_tiny_models.py --only qwen3_5-dense --out /tmp/models
-    python configs/build_tiny_models.py --only qwen3-next-real --layers 4 --experts 8 --out /tmp/models
+    python scripts/build_tiny_models.py                 # all tiny models into configs/tiny-models/
+    python scripts/build_tiny_models.py --only qwen3_5-dense --out /tmp/models
+    python scripts/build_tiny_models.py --only qwen3-next-real --layers 4 --experts 8 --out /tmp/models
 
 Each model is a Hugging Face checkpoint folder (config.json, sharded bf16 safetensors,
 tokenizer with a ChatML chat template), built by transformers' own model classes so
