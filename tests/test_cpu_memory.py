@@ -2,9 +2,10 @@
 
 import pytest
 
-from cpu_memory_testing import GiB, FakeNode, fake_machine, two_nodes
 from vllm_gdn_neuron import cli, cpu_memory
 from vllm_gdn_neuron.checkpoint import CheckpointError
+
+from .cpu_memory_testing import GiB, FakeNode, fake_machine, two_nodes
 
 
 def _workers(root, world_size=1, **env):

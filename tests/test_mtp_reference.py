@@ -2,10 +2,11 @@
 its first step against the published formula written out here, and its two drafting paths
 (sequential drafts and teacher-forced chains) against each other."""
 
-from scripts import build_tiny_models as builder
-from scripts import mtp_reference
 import pytest
 import torch
+
+from scripts import build_tiny_models as builder
+from scripts import mtp_reference
 
 
 @pytest.fixture(scope="module")

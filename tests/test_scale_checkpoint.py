@@ -4,10 +4,11 @@ also through its Qwen3-Next layout, and bad sizes are refused before anything is
 
 import json
 
-from scripts import mtp_reference
 import pytest
-from scripts import scale_checkpoint as scale
 import torch
+
+from scripts import mtp_reference
+from scripts import scale_checkpoint as scale
 from scripts import train_tiny_mtp as trainer
 
 SOURCE = trainer.DEFAULT_OUT

@@ -11,12 +11,12 @@ import json
 import math
 import pathlib
 
-from scripts import build_tiny_models as builder
 import pytest
 import torch
 import yaml
 from safetensors import safe_open
 
+from scripts import build_tiny_models as builder
 from vllm_gdn_neuron import plugin, sizing
 from vllm_gdn_neuron.model import dims as model_dims
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
@@ -25,12 +25,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 TRN2_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
 GIB = 1024**3
 MIB = 1024**2
-
-
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny-models")
-    return {name: builder.build(name, out) for name in builder.MODELS}
 
 
 def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
@@ -47,8 +41,8 @@ def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
 
 
 @pytest.mark.parametrize("name", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
-def test_tiny_weights_equal_the_checkpoint_bytes(tiny_models, name):
-    folder = tiny_models[name]
+def test_tiny_weights_equal_the_checkpoint_bytes(tiny_model, name):
+    folder = pathlib.Path(tiny_model(name))
     result = sizing.size(sizing.checkpoint_dims(folder), sizing.ServingConfig(max_model_len=256, max_num_seqs=2))
     assert result.weights_total == _served_checkpoint_bytes(folder)
 
@@ -234,19 +228,19 @@ def test_yaml_without_model_names_the_fix(tmp_path, capsys):
     assert f"sizing CHECKPOINT --config {config}" in capsys.readouterr().err
 
 
-def test_checkpoint_with_generic_config(tiny_models):
-    result = sizing.resolve(str(tiny_models["qwen3_5-dense"]), REPO / "configs" / "serve-trn2.yaml", {"tensor_parallel_size": 2})
+def test_checkpoint_with_generic_config(tiny_model):
+    result = sizing.resolve(str(tiny_model("qwen3_5-dense")), REPO / "configs" / "serve-trn2.yaml", {"tensor_parallel_size": 2})
     settings = yaml.safe_load((REPO / "configs" / "serve-trn2.yaml").read_text())
     assert result.serving.tensor_parallel_size == 2
     assert result.serving.max_model_len == settings["max-model-len"]
-    config = json.loads((tiny_models["qwen3_5-dense"] / "config.json").read_text())
+    config = json.loads((pathlib.Path(tiny_model("qwen3_5-dense")) / "config.json").read_text())
     assert result.dims.hidden_size == config["hidden_size"]
 
 
 @pytest.mark.parametrize("name", ["qwen3_5-dense", "qwen3_5-moe"])
-def test_tiny_device_config_holds_its_sequences(tiny_models, name):
+def test_tiny_device_config_holds_its_sequences(tiny_model, name):
     config = REPO / "tests" / "integration" / "trn2" / "tiny-trn2.yaml"
-    result = sizing.resolve(str(tiny_models[name]), config, {})
+    result = sizing.resolve(str(tiny_model(name)), config, {})
     assert result.serving.num_gpu_blocks_override == result.blocks_for_max_num_seqs
     assert result.fits
     import types
@@ -256,7 +250,7 @@ def test_tiny_device_config_holds_its_sequences(tiny_models, name):
     from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config
 
     settings = yaml.safe_load(config.read_text())
-    text_config = transformers.AutoConfig.from_pretrained(tiny_models[name])
+    text_config = transformers.AutoConfig.from_pretrained(tiny_model(name))
     check_neuron_config(types.SimpleNamespace(**settings["additional-config"]["neuron_config"]), text_config,
                         settings["max-model-len"], settings["max-num-seqs"])
 

@@ -5,11 +5,12 @@ that its Qwen3-Next layout is the same model. The training itself runs only in t
 
 import json
 
-from scripts import mtp_reference
 import pytest
 import torch
-from scripts import train_tiny_mtp as trainer
 from safetensors import safe_open
+
+from scripts import mtp_reference
+from scripts import train_tiny_mtp as trainer
 
 FOLDER = trainer.DEFAULT_OUT
 RECORD = json.loads((FOLDER / "tiny-model.json").read_text())

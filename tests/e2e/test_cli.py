@@ -220,7 +220,7 @@ def test_a_hub_id_in_the_local_cache_is_read_offline(tmp_path, dense, monkeypatc
 
 def test_serve_sh_reads_model_from_the_callers_directory(tmp_path):
     """``MODEL=./folder`` names a folder under the caller's directory, not the repository's."""
-    from serving import REPO
+    from tests.support.serving import REPO
 
     (tmp_path / "ckpt").mkdir()
     env = {**os.environ, "MODEL": "./ckpt", "VENV": sys.prefix}  # this venv, not a new one

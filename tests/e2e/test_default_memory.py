@@ -12,13 +12,13 @@ import re
 import pytest
 import requests
 
-from serving import Server, completion, running_server
+from tests.support.serving import Server, completion, running_server
 from vllm_gdn_neuron import cli, cpu_memory
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models, tmp_path_factory) -> Server:
-    folder = pathlib.Path(tiny_models["qwen3_5-dense"])
+def server(tiny_model, tmp_path_factory) -> Server:
+    folder = pathlib.Path(tiny_model("qwen3_5-dense"))
     log_path = tmp_path_factory.mktemp("default-memory") / "server.log"
     unset = (cli.MEMORY_ENV, cli.KVCACHE_SPACE_ENV, cpu_memory.BIND_ENV)
     with running_server(log_path, model=folder.name, env={"MODEL": f"./{folder.name}"}, unset=unset,

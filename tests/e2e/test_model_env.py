@@ -14,17 +14,17 @@ import pytest
 import requests
 import torch
 
-from conftest import builder
-from oracle import assert_greedy_matches, hf_greedy_in_subprocess
-from serving import REPO, Server, completion, running_server
+from scripts import build_tiny_models as builder
+from tests.support.oracle import assert_greedy_matches, hf_greedy_in_subprocess
+from tests.support.serving import REPO, Server, completion, running_server
 
 MEMORY_GIB = 5.0
 MAX_TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def model_dir(real_dims_checkpoint) -> str:
-    return real_dims_checkpoint("qwen3_5-2b-real")
+def model_dir(tiny_model) -> str:
+    return tiny_model("qwen3_5-2b-real")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import types
 
 import pytest
 
-from conftest import REPO, builder
+from scripts import build_tiny_models as builder
+from tests.support.serving import REPO
 from vllm_gdn_neuron import cli
 from vllm_gdn_neuron.checkpoint import kv_bytes_per_token, parameter_count, state_bytes_per_sequence, weight_bytes
 

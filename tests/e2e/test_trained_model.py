@@ -6,8 +6,8 @@ import pytest
 import torch
 from scripts import train_tiny_mtp as trainer
 
-from conftest import engine
-from oracle import hf_greedy
+from tests.support.engines import engine
+from tests.support.oracle import hf_greedy
 
 PROMPTS = {
     "count from three to nine:": " three four five six seven eight nine.",

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 import torch
-import trn2_checks
+from . import trn2_checks
 
 pytestmark = [
     pytest.mark.neuron,

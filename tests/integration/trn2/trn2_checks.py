@@ -421,7 +421,7 @@ def greedy_ids(url: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
 
 def cpu_greedy_ids(model: pathlib.Path, prompt_ids: list[int], max_tokens: int, dtype_name: str = "bfloat16"):
     """The CPU torch oracle: transformers' greedy ids and per-step logits."""
-    oracle = _load_module("trn2_oracle", REPO / "tests" / "e2e" / "oracle.py")
+    oracle = _load_module("trn2_oracle", REPO / "tests" / "support" / "oracle.py")
     import torch
 
     return oracle.hf_greedy(str(model), getattr(torch, dtype_name), prompt_ids, max_tokens)
@@ -429,7 +429,7 @@ def cpu_greedy_ids(model: pathlib.Path, prompt_ids: list[int], max_tokens: int, 
 
 def assert_greedy_matches(got, want, want_logits, dtype_name: str = "bfloat16") -> None:
     """The project's rule: equal ids, up to a bf16 near-tie of the oracle's top logits."""
-    oracle = _load_module("trn2_oracle", REPO / "tests" / "e2e" / "oracle.py")
+    oracle = _load_module("trn2_oracle", REPO / "tests" / "support" / "oracle.py")
     import torch
 
     oracle.assert_greedy_matches(got, want, want_logits, getattr(torch, dtype_name))
