@@ -4,8 +4,9 @@ import pytest
 
 from vllm_gdn_neuron import cli, cpu_memory
 from vllm_gdn_neuron.checkpoint import CheckpointError
+from vllm_gdn_neuron.units import GiB
 
-from .cpu_memory_testing import GiB, FakeNode, fake_machine, two_nodes
+from .cpu_memory_testing import FakeNode, fake_machine, two_nodes
 
 
 def _workers(root, world_size=1, **env):

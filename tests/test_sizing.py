@@ -20,11 +20,10 @@ from scripts import build_tiny_models as builder
 from vllm_gdn_neuron import plugin, sizing
 from vllm_gdn_neuron.model import dims as model_dims
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
+from vllm_gdn_neuron.units import GiB, MiB
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRN2_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
-GIB = 1024**3
-MIB = 1024**2
 
 
 def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
@@ -94,7 +93,7 @@ def test_weights_of_small_configs_equal_transformers_parameter_count(class_name,
 )
 def test_weights_per_core_match_trn2_measurements(name, measured_gib, tolerance):
     result = sizing.size(sizing.published_dims(name), sizing.ServingConfig(tensor_parallel_size=4))
-    per_core_gib = result.weights_per_core / GIB
+    per_core_gib = result.weights_per_core / GiB
     assert per_core_gib <= measured_gib * (1 + 0.001)
     assert per_core_gib == pytest.approx(measured_gib, rel=tolerance)
 
@@ -157,15 +156,15 @@ def test_27b_config_worked_by_hand():
     assert result.blocks == 4 * 8 + 1 and result.sequences == 4
     assert result.cache == (33 + 2) * 16 * 832 * 1024                   # + the zero page and the sink
     assert result.cache_upper == 4 * result.cache
-    assert result.cap == pytest.approx(0.65 * 24 * GIB)
-    assert result.headroom == pytest.approx(24 * GIB - result.weights_per_core - 4 * 35 * 16 * 832 * 1024)
+    assert result.cap == pytest.approx(0.65 * 24 * GiB)
+    assert result.headroom == pytest.approx(24 * GiB - result.weights_per_core - 4 * 35 * 16 * 832 * 1024)
     assert result.fits
 
 
 def test_planner_fills_the_cap_without_an_override():
     dims = sizing.published_dims("Qwen/Qwen3.5-9B")
     result = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=4, max_model_len=8192, gpu_memory_utilization=0.9))
-    budget = 0.9 * 24 * GIB - result.weights_per_core
+    budget = 0.9 * 24 * GiB - result.weights_per_core
     assert result.block == 8 * result.attention_block_size * 1024
     assert result.blocks == int(budget // result.block)
     assert result.blocks * result.block <= budget < (result.blocks + 1) * result.block

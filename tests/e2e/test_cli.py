@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from vllm_gdn_neuron import cli
+from vllm_gdn_neuron.units import GiB
 
 
 def test_vllm_version_comes_from_the_installed_build():
@@ -63,8 +64,6 @@ def test_with_a_real_vllm_nothing_is_patched(monkeypatch):
 
 
 # --- MODEL checks and derived settings (no vLLM start) ---------------------------------
-
-GiB = 2**30
 
 
 def _one_node(available_gib: float = 1024.0, total_gib: float = 1024.0) -> list:
