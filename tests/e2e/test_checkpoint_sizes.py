@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from vllm_gdn_neuron.checkpoint import load_checkpoint, parameter_count, weight_bytes
+from vllm_gdn_neuron.preflight import load_checkpoint, parameter_count, weight_bytes
 
 
 def served_tensor_sizes(folder: str) -> tuple[int, int]:

@@ -39,7 +39,7 @@ def server(model_dir, tmp_path_factory) -> Server:
 @pytest.mark.slow
 def test_the_checkpoint_is_served_with_settings_derived_from_it(server, model_dir):
     from vllm_gdn_neuron import cli
-    from vllm_gdn_neuron.checkpoint import load_checkpoint
+    from vllm_gdn_neuron.preflight import load_checkpoint
 
     listed = requests.get(f"{server.base}/v1/models", timeout=30).json()["data"]
     assert [m["id"] for m in listed] == ["qwen3_5-2b-real"]

@@ -14,7 +14,7 @@ import pytest
 from scripts import build_tiny_models as builder
 from tests.support.serving import REPO
 from vllm_gdn_neuron import cli
-from vllm_gdn_neuron.checkpoint import kv_bytes_per_token, parameter_count, state_bytes_per_sequence, weight_bytes
+from vllm_gdn_neuron.preflight import kv_bytes_per_token, parameter_count, state_bytes_per_sequence, weight_bytes
 from vllm_gdn_neuron.units import GiB
 
 README = (REPO / "README.md").read_text()

@@ -43,7 +43,7 @@ from scripts import build_tiny_models as builder
 from tests.support.engines import greedy_in_subprocess, greedy_logprobs_in_subprocess
 from tests.support.oracle import (assert_greedy_matches, assert_logprob_error_ratio, hf_bf16_oracle_in_subprocess,
                                   hf_greedy_in_subprocess)
-from vllm_gdn_neuron.checkpoint import load_checkpoint, parameter_count
+from vllm_gdn_neuron.preflight import load_checkpoint, parameter_count
 
 from .test_checkpoint_sizes import served_tensor_sizes
 

@@ -1,4 +1,4 @@
-"""A checkpoint as ``vllm-gdn-serve`` sees it before vLLM starts: what it is, and what it costs.
+"""The checks ``vllm-gdn-serve`` runs on a checkpoint before vLLM starts: what it is, and what it costs.
 
 :func:`load_checkpoint` reads ``config.json`` (a local folder, or a Hugging Face repo id
 whose config alone is fetched) and refuses, with one :class:`CheckpointError` line, a
