@@ -54,7 +54,7 @@ is off so every round prefills in full.
     python benchmarks/bench_serve.py --mtp 3          # multi-token prediction rows (below)
 
 Multi-token prediction (``--mtp N``): the trained tiny checkpoint
-(``configs/trained/qwen3_5-tiny-mtp``, ``configs/train_tiny_mtp.py``) is served with and
+(``configs/trained/qwen3_5-tiny-mtp``, ``scripts/train_tiny_mtp.py``) is served with and
 without speculative decoding by its MTP head (``{"method": "mtp", "num_speculative_tokens":
 N}``): engines ``auto`` / ``auto+mtp`` (the plugin on that Qwen3.5 checkpoint) and
 ``built-in`` / ``built-in+mtp`` (vLLM's own Qwen3-Next and its ``Qwen3NextMTP`` on the
@@ -104,22 +104,25 @@ CHECKPOINT = "qwen3-next-real"
 TRAINED_CHECKPOINT = REPO / "configs" / "trained" / "qwen3_5-tiny-mtp"
 
 
-def _configs_module(name):
-    sys.path.insert(0, str(REPO / "configs"))
+def _program(name):
+    """``scripts/<name>.py`` as the module ``scripts.<name>`` (this benchmark runs as a program, from
+    any folder: the repository root goes on the path first)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     import importlib
 
-    return importlib.import_module(name)
+    return importlib.import_module(f"scripts.{name}")
 
 
 def build_checkpoint(out_dir):
     """The tiny-model builder's ``qwen3-next-real``: published Qwen3-Next / Qwen3.5-35B-A3B
     per-layer dims, 4 layers, 8 experts (all routed), full vocabulary, random bf16 weights."""
-    return _configs_module("build_tiny_models").build(CHECKPOINT, out_dir)
+    return _program("build_tiny_models").build(CHECKPOINT, out_dir)
 
 
 def mtp_checkpoints(args):
     """(the trained checkpoint, its Qwen3-Next layout) for ``--mtp``; the latter written on first use."""
-    trainer = _configs_module("train_tiny_mtp")
+    trainer = _program("train_tiny_mtp")
     qwen3_next = RESULTS / f"{args.model.name}-qwen3-next"
     if not (qwen3_next / "config.json").exists():
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -134,10 +137,10 @@ SCALED_HEAD_DIM = 64
 
 def scaled_checkpoint(source: pathlib.Path, num_layers: int) -> pathlib.Path:
     """``source`` with GDN heads of SCALED_HEAD_DIM and ``num_layers`` decoder layers, written
-    under RESULTS on first use (``configs/scale_checkpoint.py``: the same function)."""
+    under RESULTS on first use (``scripts/scale_checkpoint.py``: the same function)."""
     target = RESULTS / f"{source.name}-{SCALED_HEAD_DIM}-{num_layers}layers"
     if not (target / "config.json").exists():
-        _configs_module("scale_checkpoint").scale(source, target, key_head_dim=SCALED_HEAD_DIM,
+        _program("scale_checkpoint").scale(source, target, key_head_dim=SCALED_HEAD_DIM,
                                                   value_head_dim=SCALED_HEAD_DIM, num_layers=num_layers)
     return target
 
@@ -147,7 +150,7 @@ def held_out_prompts(model_dir, rng, n, prompt_len):
     no training run saw (a seed of their own drawn from ``rng``)."""
     import transformers
 
-    trainer = _configs_module("train_tiny_mtp")
+    trainer = _program("train_tiny_mtp")
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     stream = trainer.token_stream(tokenizer, trainer.documents(40 * n + prompt_len, 1000 + rng.randrange(10**6)))
     starts = [rng.randrange(stream.numel() - prompt_len) for _ in range(n)]
@@ -625,7 +628,7 @@ def main():
     parser.add_argument("--mtp", type=int, default=0, metavar="N",
                         help="the multi-token-prediction rows with N speculative tokens, on the trained checkpoint")
     parser.add_argument("--scale-layers", type=int, metavar="L",
-                        help="with --mtp: serve the trained checkpoint as configs/scale_checkpoint.py rewrites it, "
+                        help="with --mtp: serve the trained checkpoint as scripts/scale_checkpoint.py rewrites it, "
                              f"GDN heads Dk = Dv = {SCALED_HEAD_DIM} (shapes vLLM's C++ GDN kernels take) and L decoder "
                              "layers: the same function at a real depth's per-step cost")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -679,7 +682,7 @@ def main_mtp(args):
     if args.model == RESULTS / CHECKPOINT:
         args.model = TRAINED_CHECKPOINT
     if not (args.model / "config.json").exists():
-        raise SystemExit(f"--model: no config.json in {args.model} (python configs/train_tiny_mtp.py writes it)")
+        raise SystemExit(f"--model: no config.json in {args.model} (python -m scripts.train_tiny_mtp writes it)")
     if args.scale_layers:
         args.model = scaled_checkpoint(args.model, args.scale_layers)
     print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)

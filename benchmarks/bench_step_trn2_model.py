@@ -52,13 +52,12 @@ import yaml  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-for path in (HERE, ROOT / "tests" / "neuron"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:  # run as a program: the repository root, for benchmarks.* and tests.neuron.*
+    sys.path.insert(0, str(ROOT))
 
-import serve_config  # noqa: E402
-import step_model  # noqa: E402
-from runner import GraphRecorder  # noqa: E402
+from benchmarks import step_model  # noqa: E402
+from tests.neuron import serve_config  # noqa: E402
+from tests.neuron.runner import GraphRecorder  # noqa: E402
 from vllm_gdn_neuron import sizing  # noqa: E402
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM  # noqa: E402
 

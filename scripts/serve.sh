@@ -15,7 +15,7 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo_root/scripts/setup_env.sh"
 if [ -z "${MODEL:-}" ]; then
-    python "$repo_root/configs/build_tiny_models.py" --only qwen3_5-dense --if-missing
+    python "$repo_root/scripts/build_tiny_models.py" --only qwen3_5-dense --if-missing
     model="$repo_root/configs/tiny-models/qwen3_5-dense"
     # The tiny model's own settings: 4096 positions, a 512 MiB cache.
     settings=(--served-model-name qwen3_5-tiny --max-model-len 4096 --kv-cache-memory-bytes 536870912)

@@ -56,6 +56,23 @@ def one_thread_beside_another_worker(request):
         yield
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(name) -> folder``: a checkpoint of ``scripts/build_tiny_models.py`` (a tiny one,
+    or a real-dims one of ``builder.REAL_MODELS``), built on first use and kept for the session."""
+    from scripts import build_tiny_models as builder
+
+    out = tmp_path_factory.mktemp("tiny-models")
+    built: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            built[name] = str(builder.build(name, out))
+        return built[name]
+
+    return get
+
+
 @pytest.fixture
 def nki_launches(monkeypatch):
     """A Counter of NKI kernel launches by kernel name, counting from the test's start."""

@@ -4,9 +4,7 @@ import dataclasses
 import pathlib
 
 from vllm_gdn_neuron.cpu_memory import format_id_list
-
-GiB = 2**30
-KiB = 2**10
+from vllm_gdn_neuron.units import GiB, KiB
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 import pytest
 
-from cpu_memory_testing import GiB, FakeNode, fake_machine, two_nodes
 from vllm_gdn_neuron import cli, cpu_memory
-from vllm_gdn_neuron.checkpoint import CheckpointError
+from vllm_gdn_neuron.preflight import CheckpointError
+from vllm_gdn_neuron.units import GiB
+
+from .cpu_memory_testing import FakeNode, fake_machine, two_nodes
 
 
 def _workers(root, world_size=1, **env):
@@ -95,7 +97,7 @@ def checkpoint(tmp_path_factory):
     ``config.json`` and looks for a ``*.safetensors`` name."""
     import json
 
-    from vllm_gdn_neuron.checkpoint import load_checkpoint
+    from vllm_gdn_neuron.preflight import load_checkpoint
 
     folder = tmp_path_factory.mktemp("cpu-memory") / "qwen3_5-2b"
     folder.mkdir()
@@ -174,7 +176,7 @@ def vl_checkpoint(tmp_path_factory, checkpoint):
     """The same text model as a vision-language checkpoint with Qwen3.5's published tower dims."""
     import json
 
-    from vllm_gdn_neuron.checkpoint import load_checkpoint
+    from vllm_gdn_neuron.preflight import load_checkpoint
 
     folder = tmp_path_factory.mktemp("cpu-memory-vl") / "qwen3_5-2b-vl"
     folder.mkdir()

@@ -12,8 +12,9 @@ import types
 
 import pytest
 
-from cpu_memory_testing import FakeNode, fake_machine, two_nodes
 from vllm_gdn_neuron import cpu_memory
+
+from .cpu_memory_testing import FakeNode, fake_machine, two_nodes
 
 
 @pytest.fixture

@@ -1,11 +1,12 @@
-"""The reference MTP head (``configs/mtp_reference.py``): its checkpoint names, its chain mask,
+"""The reference MTP head (``scripts/mtp_reference.py``): its checkpoint names, its chain mask,
 its first step against the published formula written out here, and its two drafting paths
 (sequential drafts and teacher-forced chains) against each other."""
 
-import build_tiny_models as builder
-import mtp_reference
 import pytest
 import torch
+
+from scripts import build_tiny_models as builder
+from scripts import mtp_reference
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,15 @@
-"""``configs/scale_checkpoint.py``: the trained tiny checkpoint deepened and with wider GDN heads
+"""``scripts/scale_checkpoint.py``: the trained tiny checkpoint deepened and with wider GDN heads
 computes the same function (transformers, float32: logits and the MTP head's chained drafts),
 also through its Qwen3-Next layout, and bad sizes are refused before anything is written."""
 
 import json
 
-import mtp_reference
 import pytest
-import scale_checkpoint as scale
 import torch
-import train_tiny_mtp as trainer
+
+from scripts import mtp_reference
+from scripts import scale_checkpoint as scale
+from scripts import train_tiny_mtp as trainer
 
 SOURCE = trainer.DEFAULT_OUT
 

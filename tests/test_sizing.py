@@ -11,26 +11,19 @@ import json
 import math
 import pathlib
 
-import build_tiny_models as builder
 import pytest
 import torch
 import yaml
 from safetensors import safe_open
 
+from scripts import build_tiny_models as builder
 from vllm_gdn_neuron import plugin, sizing
 from vllm_gdn_neuron.model import dims as model_dims
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
+from vllm_gdn_neuron.units import GiB, MiB
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRN2_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
-GIB = 1024**3
-MIB = 1024**2
-
-
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny-models")
-    return {name: builder.build(name, out) for name in builder.MODELS}
 
 
 def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
@@ -47,8 +40,8 @@ def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
 
 
 @pytest.mark.parametrize("name", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
-def test_tiny_weights_equal_the_checkpoint_bytes(tiny_models, name):
-    folder = tiny_models[name]
+def test_tiny_weights_equal_the_checkpoint_bytes(tiny_model, name):
+    folder = pathlib.Path(tiny_model(name))
     result = sizing.size(sizing.checkpoint_dims(folder), sizing.ServingConfig(max_model_len=256, max_num_seqs=2))
     assert result.weights_total == _served_checkpoint_bytes(folder)
 
@@ -100,7 +93,7 @@ def test_weights_of_small_configs_equal_transformers_parameter_count(class_name,
 )
 def test_weights_per_core_match_trn2_measurements(name, measured_gib, tolerance):
     result = sizing.size(sizing.published_dims(name), sizing.ServingConfig(tensor_parallel_size=4))
-    per_core_gib = result.weights_per_core / GIB
+    per_core_gib = result.weights_per_core / GiB
     assert per_core_gib <= measured_gib * (1 + 0.001)
     assert per_core_gib == pytest.approx(measured_gib, rel=tolerance)
 
@@ -163,15 +156,15 @@ def test_27b_config_worked_by_hand():
     assert result.blocks == 4 * 8 + 1 and result.sequences == 4
     assert result.cache == (33 + 2) * 16 * 832 * 1024                   # + the zero page and the sink
     assert result.cache_upper == 4 * result.cache
-    assert result.cap == pytest.approx(0.65 * 24 * GIB)
-    assert result.headroom == pytest.approx(24 * GIB - result.weights_per_core - 4 * 35 * 16 * 832 * 1024)
+    assert result.cap == pytest.approx(0.65 * 24 * GiB)
+    assert result.headroom == pytest.approx(24 * GiB - result.weights_per_core - 4 * 35 * 16 * 832 * 1024)
     assert result.fits
 
 
 def test_planner_fills_the_cap_without_an_override():
     dims = sizing.published_dims("Qwen/Qwen3.5-9B")
     result = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=4, max_model_len=8192, gpu_memory_utilization=0.9))
-    budget = 0.9 * 24 * GIB - result.weights_per_core
+    budget = 0.9 * 24 * GiB - result.weights_per_core
     assert result.block == 8 * result.attention_block_size * 1024
     assert result.blocks == int(budget // result.block)
     assert result.blocks * result.block <= budget < (result.blocks + 1) * result.block
@@ -234,19 +227,19 @@ def test_yaml_without_model_names_the_fix(tmp_path, capsys):
     assert f"sizing CHECKPOINT --config {config}" in capsys.readouterr().err
 
 
-def test_checkpoint_with_generic_config(tiny_models):
-    result = sizing.resolve(str(tiny_models["qwen3_5-dense"]), REPO / "configs" / "serve-trn2.yaml", {"tensor_parallel_size": 2})
+def test_checkpoint_with_generic_config(tiny_model):
+    result = sizing.resolve(str(tiny_model("qwen3_5-dense")), REPO / "configs" / "serve-trn2.yaml", {"tensor_parallel_size": 2})
     settings = yaml.safe_load((REPO / "configs" / "serve-trn2.yaml").read_text())
     assert result.serving.tensor_parallel_size == 2
     assert result.serving.max_model_len == settings["max-model-len"]
-    config = json.loads((tiny_models["qwen3_5-dense"] / "config.json").read_text())
+    config = json.loads((pathlib.Path(tiny_model("qwen3_5-dense")) / "config.json").read_text())
     assert result.dims.hidden_size == config["hidden_size"]
 
 
 @pytest.mark.parametrize("name", ["qwen3_5-dense", "qwen3_5-moe"])
-def test_tiny_device_config_holds_its_sequences(tiny_models, name):
+def test_tiny_device_config_holds_its_sequences(tiny_model, name):
     config = REPO / "tests" / "integration" / "trn2" / "tiny-trn2.yaml"
-    result = sizing.resolve(str(tiny_models[name]), config, {})
+    result = sizing.resolve(str(tiny_model(name)), config, {})
     assert result.serving.num_gpu_blocks_override == result.blocks_for_max_num_seqs
     assert result.fits
     import types
@@ -256,7 +249,7 @@ def test_tiny_device_config_holds_its_sequences(tiny_models, name):
     from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config
 
     settings = yaml.safe_load(config.read_text())
-    text_config = transformers.AutoConfig.from_pretrained(tiny_models[name])
+    text_config = transformers.AutoConfig.from_pretrained(tiny_model(name))
     check_neuron_config(types.SimpleNamespace(**settings["additional-config"]["neuron_config"]), text_config,
                         settings["max-model-len"], settings["max-num-seqs"])
 

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from vllm_gdn_neuron import sizing
+from vllm_gdn_neuron.units import GiB, MiB
 
 NEGATIVE_SIZE = re.compile(r"-\d[\d.]* (GiB|MiB|KiB)")
 
@@ -23,7 +24,7 @@ def test_weights_over_one_core_say_so_and_name_the_tensor_parallel_size_that_fit
                            "over the memory cap of 21.60 GiB; tensor-parallel-size 4 gives "), last
     assert "none: weights + cache (upper) exceed the HBM by" in out
     four = sizing.resolve("Qwen/Qwen3.5-27B", None, {"tensor_parallel_size": 4})
-    assert last.endswith(f"{four.weights_per_core / sizing.GIB:.2f} GiB of weights per core")
+    assert last.endswith(f"{four.weights_per_core / GiB:.2f} GiB of weights per core")
 
 
 def test_too_small_a_block_override_names_the_override_that_holds_the_sequences(capsys):
@@ -46,7 +47,7 @@ def test_a_fitting_config_says_fits(capsys):
     assert code == 0 and out.splitlines()[-1] == "  fits"
 
 
-@pytest.mark.parametrize(("value", "text"), [(-1.5 * sizing.GIB, "-1.50 GiB"), (-3 * sizing.MIB, "-3.00 MiB"),
+@pytest.mark.parametrize(("value", "text"), [(-1.5 * GiB, "-1.50 GiB"), (-3 * MiB, "-3.00 MiB"),
                                              (-2048, "-2.0 KiB"), (0, "0.00 GiB")])
 def test_sizes_take_the_unit_of_their_magnitude(value, text):
     assert sizing._gib(value) == text

@@ -1,15 +1,16 @@
 """The committed trained checkpoint (``configs/trained/qwen3_5-tiny-mtp``, written by
-``configs/train_tiny_mtp.py``): its layout, that transformers loads it and continues held-out
+``scripts/train_tiny_mtp.py``): its layout, that transformers loads it and continues held-out
 templates correctly, that its MTP head reaches the held-out accuracy the trainer recorded, and
 that its Qwen3-Next layout is the same model. The training itself runs only in the slow test."""
 
 import json
 
-import mtp_reference
 import pytest
 import torch
-import train_tiny_mtp as trainer
 from safetensors import safe_open
+
+from scripts import mtp_reference
+from scripts import train_tiny_mtp as trainer
 
 FOLDER = trainer.DEFAULT_OUT
 RECORD = json.loads((FOLDER / "tiny-model.json").read_text())

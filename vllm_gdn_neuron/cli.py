@@ -35,8 +35,7 @@ import pathlib
 import sys
 
 from vllm_gdn_neuron import cpu_memory
-from vllm_gdn_neuron.units import format_bytes, format_count
-from vllm_gdn_neuron.checkpoint import (
+from vllm_gdn_neuron.preflight import (
     Checkpoint,
     CheckpointError,
     kv_bytes_per_token,
@@ -46,8 +45,8 @@ from vllm_gdn_neuron.checkpoint import (
     vision_weight_bytes,
     weight_bytes,
 )
+from vllm_gdn_neuron.units import GiB, MiB, format_bytes, format_count
 
-GiB = 2**30
 # Resident memory of vLLM's processes (API server, engine core, model runner) besides the
 # weights and the cache, rounded up from what they hold at start and after the soak's 1,000
 # requests (the measured figures: benchmarks/README.md, "The test suite's time").
@@ -60,7 +59,7 @@ MIN_CONTEXT_TOKENS = 2048
 # vLLM's own default when neither the command line nor the config file sets it.
 DEFAULT_MAX_NUM_SEQS = 256
 # The cache never shrinks below this for a small model (prefix caching keeps extra pages).
-MIN_CACHE_BYTES = 256 * 2**20
+MIN_CACHE_BYTES = 256 * MiB
 
 # Distributions that provide the `vllm` package, with the local version label vLLM
 # itself derives for each (its CPU platform detection looks for "cpu" in the version).
@@ -364,7 +363,7 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
         max_num_seqs = int(given.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS)
         max_len = int(given.get("max-model-len") or text.max_position_embeddings)
         useful = max_num_seqs * (state + max_len * kv_per_token)
-        cache = int(min(room.per_worker * CACHE_SHARE, max(useful, MIN_CACHE_BYTES))) // 2**20 * 2**20
+        cache = int(min(room.per_worker * CACHE_SHARE, max(useful, MIN_CACHE_BYTES))) // MiB * MiB
         flags += ["--kv-cache-memory-bytes", str(cache)]
     if "max-model-len" not in given:
         flags += ["--max-model-len", "-1"]

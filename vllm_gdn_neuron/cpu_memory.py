@@ -32,6 +32,8 @@ import os
 import pathlib
 import platform
 
+from vllm_gdn_neuron.units import KiB
+
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 VISIBLE_NODES_ENV = "CPU_VISIBLE_MEMORY_NODES"
 SIMULATE_NODES_ENV = "VLLM_CPU_SIM_MULTI_NUMA"
@@ -132,7 +134,7 @@ def _meminfo(text: str) -> dict[str, int]:
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 2 and parts[-1] == "kB":
-            values[parts[-3].rstrip(":")] = int(parts[-2]) * 1024
+            values[parts[-3].rstrip(":")] = int(parts[-2]) * KiB  # the kernel's "kB" is KiB
     return values
 
 

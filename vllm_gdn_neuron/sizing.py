@@ -45,9 +45,8 @@ from dataclasses import dataclass, replace
 from vllm_gdn_neuron.model.dims import ModelDims, count_weights
 from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, hybrid_block_size
 from vllm_gdn_neuron.shells.neuron.contract import NUM_RESERVED_PAGES
+from vllm_gdn_neuron.units import DTYPE_BYTES, GiB, KiB, MiB
 
-GIB = 1024**3
-MIB = 1024**2
 
 # trn2, from the Neuron documentation ("Trainium2 Architecture Guide for NKI"; "Logical
 # NeuronCore configuration"): a Trainium2 chip has 8 physical NeuronCore-v3 and 4 HBM
@@ -58,7 +57,8 @@ TRN2_PHYSICAL_CORES_PER_CHIP = 8
 TRN2_DEFAULT_LNC = 2
 TRN2_HBM_PER_CORE_GIB = TRN2_HBM_PER_CHIP_GIB * TRN2_DEFAULT_LNC / TRN2_PHYSICAL_CORES_PER_CHIP
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": None, "fp8": 1}
+# ``auto``: the model's own dtype (a cache dtype vLLM takes from the model).
+_DTYPE_BYTES = {**DTYPE_BYTES, "auto": None}
 
 # Published checkpoints: transformers' config class (whose defaults are the checkpoint
 # named in its docstring) plus the model card's numbers where they differ.
@@ -282,7 +282,7 @@ class Sizing:
 
     @property
     def hbm(self) -> float:
-        return self.serving.hbm_per_core_gib * GIB
+        return self.serving.hbm_per_core_gib * GiB
 
     @property
     def cap(self) -> float:
@@ -329,11 +329,11 @@ def size(dims: ModelDims, serving: ServingConfig) -> Sizing:
 
 
 def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB" if abs(value) >= 0.01 * GIB or value == 0 else _mib(value)
+    return f"{value / GiB:.2f} GiB" if abs(value) >= 0.01 * GiB or value == 0 else _mib(value)
 
 
 def _mib(value: float) -> str:
-    return f"{value / MIB:.2f} MiB" if abs(value) >= 0.01 * MIB or value == 0 else f"{value / 1024:.1f} KiB"
+    return f"{value / MiB:.2f} MiB" if abs(value) >= 0.01 * MiB or value == 0 else f"{value / KiB:.1f} KiB"
 
 
 def _smallest_fitting_tp(sizing: Sizing) -> Sizing | None:
@@ -412,7 +412,7 @@ def report(sizing: Sizing) -> str:
         f"  weights per core            = split / {tp} + replicated (norms, routers, KV heads past one per core)"
         f" = {_gib(sizing.weights_per_core)}",
         f"  KV per token (1 layer)      = 2 (K, V) x {kv_heads} KV heads x {d.head_dim} x "
-        f"{sizing.kv_per_token // (2 * kv_heads * d.head_dim)} B = {sizing.kv_per_token / 1024:.1f} KiB",
+        f"{sizing.kv_per_token // (2 * kv_heads * d.head_dim)} B = {sizing.kv_per_token / KiB:.1f} KiB",
         f"  GDN conv state (1 layer)    = {d.conv_channels // tp} channels x {d.linear_conv_kernel_dim} x "
         f"{STATE_BYTES} B = {_mib(sizing.conv_state)}",
         f"  GDN recurrent (1 layer)     = {d.linear_num_value_heads // tp} heads x {d.linear_key_head_dim} x "

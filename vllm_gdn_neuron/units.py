@@ -1,6 +1,11 @@
-"""Sizes and counts as people read them: a unit that fits the value (``230 k``, ``3.1 MiB``, ``1.37 GiB``)."""
+"""Byte units and dtype sizes, and sizes and counts as people read them: a unit that fits the value
+(``230 k``, ``3.1 MiB``, ``1.37 GiB``)."""
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+#: Bytes per element, by the dtype names of checkpoints' configs and of vLLM's ``--dtype`` and
+#: ``--kv-cache-dtype`` (``fp8``: vLLM's one-byte cache).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
 
 def format_bytes(count: float) -> str:

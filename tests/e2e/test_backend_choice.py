@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from conftest import engine
+from tests.support.engines import engine
 
 from vllm_gdn_neuron.ops import layer_backends as layer_backends_module
 from vllm_gdn_neuron.ops import paged
@@ -18,7 +18,7 @@ MODEL = "qwen3_5-dense"
 
 
 @pytest.mark.slow
-def test_layers_choose_once_at_construction_and_log_once(tiny_models, monkeypatch):
+def test_layers_choose_once_at_construction_and_log_once(tiny_model, monkeypatch):
     from vllm import SamplingParams
 
     import vllm_gdn_neuron.shells.vllm.gated_deltanet as shell
@@ -32,10 +32,10 @@ def test_layers_choose_once_at_construction_and_log_once(tiny_models, monkeypatc
     monkeypatch.setattr(paged, "select_in_place",
                         lambda op_name, backend, *args: in_place.append(backend) or real_select(op_name, backend, *args))
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    with engine(tiny_models[MODEL], dtype="bfloat16", enable_prefix_caching=False) as llm:
+    with engine(tiny_model(MODEL), dtype="bfloat16", enable_prefix_caching=False) as llm:
         monkeypatch.setenv("VLLM_GDN_BACKEND", "vllm_cpu")  # after construction: no layer reads it any more
         llm.generate([{"prompt_token_ids": [5, 17, 99, 3, 250]}], params, use_tqdm=False)
-    layer_types = json.loads((pathlib.Path(tiny_models[MODEL]) / "config.json").read_text())["layer_types"]
+    layer_types = json.loads((pathlib.Path(tiny_model(MODEL)) / "config.json").read_text())["layer_types"]
     assert len(built) == layer_types.count("linear_attention") > 0
     assert len(logged) == 1
     # the tiny model's Dk = 32, Dv = 16 heads are no size vLLM's GDN kernels take: torch, saying why

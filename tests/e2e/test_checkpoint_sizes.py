@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from vllm_gdn_neuron.checkpoint import load_checkpoint, parameter_count, weight_bytes
+from vllm_gdn_neuron.preflight import load_checkpoint, parameter_count, weight_bytes
 
 
 def served_tensor_sizes(folder: str) -> tuple[int, int]:
@@ -33,10 +33,10 @@ def served_tensor_sizes(folder: str) -> tuple[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
-def test_parameter_count_equals_the_checkpoint(tiny_models, model):
-    checkpoint = load_checkpoint(tiny_models[model])
-    elements, nbytes = served_tensor_sizes(tiny_models[model])
+def test_parameter_count_equals_the_checkpoint(tiny_model, model):
+    checkpoint = load_checkpoint(tiny_model(model))
+    elements, nbytes = served_tensor_sizes(tiny_model(model))
     assert parameter_count(checkpoint.text) == elements
     assert weight_bytes(checkpoint.text, checkpoint.dtype) == nbytes
-    config = json.loads((pathlib.Path(tiny_models[model]) / "config.json").read_text())
+    config = json.loads((pathlib.Path(tiny_model(model)) / "config.json").read_text())
     assert checkpoint.architecture == config["architectures"][0]

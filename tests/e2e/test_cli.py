@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from vllm_gdn_neuron import cli
+from vllm_gdn_neuron.units import GiB
 
 
 def test_vllm_version_comes_from_the_installed_build():
@@ -63,8 +64,6 @@ def test_with_a_real_vllm_nothing_is_patched(monkeypatch):
 
 
 # --- MODEL checks and derived settings (no vLLM start) ---------------------------------
-
-GiB = 2**30
 
 
 def _one_node(available_gib: float = 1024.0, total_gib: float = 1024.0) -> list:
@@ -205,7 +204,7 @@ def test_a_hub_id_in_the_local_cache_is_read_offline(tmp_path, dense, monkeypatc
 
     from huggingface_hub import constants
 
-    from vllm_gdn_neuron.checkpoint import load_checkpoint
+    from vllm_gdn_neuron.preflight import load_checkpoint
 
     snapshot = tmp_path / "models--some-org--some-model" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
@@ -220,7 +219,7 @@ def test_a_hub_id_in_the_local_cache_is_read_offline(tmp_path, dense, monkeypatc
 
 def test_serve_sh_reads_model_from_the_callers_directory(tmp_path):
     """``MODEL=./folder`` names a folder under the caller's directory, not the repository's."""
-    from serving import REPO
+    from tests.support.serving import REPO
 
     (tmp_path / "ckpt").mkdir()
     env = {**os.environ, "MODEL": "./ckpt", "VENV": sys.prefix}  # this venv, not a new one
@@ -252,7 +251,7 @@ def test_given_settings_reads_the_command_line_and_the_config_file(tmp_path):
 
 
 def test_derived_settings_fit_the_memory_and_keep_what_the_user_gave(dense):
-    from vllm_gdn_neuron.checkpoint import load_checkpoint
+    from vllm_gdn_neuron.preflight import load_checkpoint
 
     checkpoint = load_checkpoint(dense)
     available = 2 * GiB + cli.RUNTIME_BYTES
@@ -268,7 +267,7 @@ def test_derived_settings_fit_the_memory_and_keep_what_the_user_gave(dense):
 
 
 def test_derived_cache_grows_with_memory_up_to_what_the_sequences_can_use(dense):
-    from vllm_gdn_neuron.checkpoint import load_checkpoint
+    from vllm_gdn_neuron.preflight import load_checkpoint
 
     checkpoint = load_checkpoint(dense)
     text = checkpoint.text
@@ -282,7 +281,7 @@ def test_derived_cache_grows_with_memory_up_to_what_the_sequences_can_use(dense)
 
 
 def test_too_little_memory_is_refused_before_start(dense):
-    from vllm_gdn_neuron.checkpoint import CheckpointError, load_checkpoint
+    from vllm_gdn_neuron.preflight import CheckpointError, load_checkpoint
 
     with pytest.raises(CheckpointError, match=r"needs about .* GiB of memory .* 1.00 GiB is available \(test\)"):
         cli.derive_settings(load_checkpoint(dense), {}, (1 * GiB, "test"), _one_node())

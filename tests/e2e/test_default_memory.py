@@ -12,13 +12,14 @@ import re
 import pytest
 import requests
 
-from serving import Server, completion, running_server
+from tests.support.serving import Server, completion, running_server
 from vllm_gdn_neuron import cli, cpu_memory
+from vllm_gdn_neuron.units import GiB
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models, tmp_path_factory) -> Server:
-    folder = pathlib.Path(tiny_models["qwen3_5-dense"])
+def server(tiny_model, tmp_path_factory) -> Server:
+    folder = pathlib.Path(tiny_model("qwen3_5-dense"))
     log_path = tmp_path_factory.mktemp("default-memory") / "server.log"
     unset = (cli.MEMORY_ENV, cli.KVCACHE_SPACE_ENV, cpu_memory.BIND_ENV)
     with running_server(log_path, model=folder.name, env={"MODEL": f"./{folder.name}"}, unset=unset,
@@ -38,6 +39,6 @@ def test_the_default_derivation_starts_and_matches_the_node_vllm_checks(server):
     theirs = re.search(r"Explicitly set \(([\d.]+)/([\d.]+)\) GiB for KV cache on node (\d+)\.", log)
     assert ours and theirs, log[-4000:]
     assert theirs.group(3) == ours.group(1)
-    assert float(theirs.group(1)) == round(cache / cli.GiB, 2)
+    assert float(theirs.group(1)) == round(cache / GiB, 2)
     assert float(theirs.group(2)) == pytest.approx(float(ours.group(2)), abs=0.011)
     assert completion(server, prompt="the state gate", max_tokens=4)["choices"][0]["text"]

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from conftest import engine
-from oracle import assert_greedy_matches, hf_greedy
+from tests.support.engines import engine
+from tests.support.oracle import assert_greedy_matches, hf_greedy
 
 MAX_NEW_TOKENS = 8
 PROMPT_LENGTHS = (1, 17, 300, 1000)
@@ -35,14 +35,14 @@ def _greedy(llm, batch: list[list[int]]) -> list[list[int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl"])
-def test_greedy_ids_match_transformers(tiny_models, model, dtype):
+def test_greedy_ids_match_transformers(tiny_model, model, dtype):
     torch_dtype = getattr(torch, dtype)
     batch = prompts()
-    with engine(tiny_models[model], dtype=dtype, enable_prefix_caching=False) as llm:
+    with engine(tiny_model(model), dtype=dtype, enable_prefix_caching=False) as llm:
         batched = _greedy(llm, batch)
         one_by_one = [_greedy(llm, [p])[0] for p in batch]
     for prompt, got_batched, got_single in zip(batch, batched, one_by_one):
-        want, want_logits = hf_greedy(tiny_models[model], torch_dtype, prompt, MAX_NEW_TOKENS)
+        want, want_logits = hf_greedy(tiny_model(model), torch_dtype, prompt, MAX_NEW_TOKENS)
         assert_greedy_matches(got_batched, want, want_logits, torch_dtype)
         assert_greedy_matches(got_single, want, want_logits, torch_dtype)
     if dtype == "float32":

@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from conftest import engine
-from oracle import assert_greedy_matches, hf_greedy
+from tests.support.engines import engine
+from tests.support.oracle import assert_greedy_matches, hf_greedy
 
 _PER_EXPERT = re.compile(r"^(?P<layer>.+\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
@@ -42,14 +42,14 @@ def _fuse_experts(src: str, dst) -> str:
 
 
 @pytest.mark.slow
-def test_fused_expert_checkpoint_gives_transformers_ids(tiny_models, tmp_path):
+def test_fused_expert_checkpoint_gives_transformers_ids(tiny_model, tmp_path):
     from vllm import SamplingParams
 
-    fused = _fuse_experts(tiny_models["qwen3_5-moe"], tmp_path / "fused")
+    fused = _fuse_experts(tiny_model("qwen3_5-moe"), tmp_path / "fused")
     prompts = [[7], [(5 * i + 3) % 500 + 3 for i in range(90)]]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     with engine(fused, dtype="float32") as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, out in zip(prompts, outs):
-        want, want_logits = hf_greedy(tiny_models["qwen3_5-moe"], torch.float32, prompt, 8)
+        want, want_logits = hf_greedy(tiny_model("qwen3_5-moe"), torch.float32, prompt, 8)
         assert_greedy_matches(list(out.outputs[0].token_ids), want, want_logits, torch.float32)

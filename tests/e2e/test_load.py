@@ -18,8 +18,9 @@ import uuid
 import pytest
 import requests
 
-from serving import REQUEST_TIMEOUT_S, Server, all_at_once, generated_ids, metric, mixed_requests, running_server
-from serving import wait_idle
+from tests.support.serving import (REQUEST_TIMEOUT_S, Server, all_at_once, generated_ids, metric, mixed_requests,
+                                   running_server)
+from tests.support.serving import wait_idle
 
 MAX_MODEL_LEN = 4096  # scripts/serve.sh's tiny-model setting
 

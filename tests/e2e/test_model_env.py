@@ -14,17 +14,17 @@ import pytest
 import requests
 import torch
 
-from conftest import builder
-from oracle import assert_greedy_matches, hf_greedy_in_subprocess
-from serving import REPO, Server, completion, running_server
+from scripts import build_tiny_models as builder
+from tests.support.oracle import assert_greedy_matches, hf_greedy_in_subprocess
+from tests.support.serving import REPO, Server, completion, running_server
 
 MEMORY_GIB = 5.0
 MAX_TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def model_dir(real_dims_checkpoint) -> str:
-    return real_dims_checkpoint("qwen3_5-2b-real")
+def model_dir(tiny_model) -> str:
+    return tiny_model("qwen3_5-2b-real")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def server(model_dir, tmp_path_factory) -> Server:
 @pytest.mark.slow
 def test_the_checkpoint_is_served_with_settings_derived_from_it(server, model_dir):
     from vllm_gdn_neuron import cli
-    from vllm_gdn_neuron.checkpoint import load_checkpoint
+    from vllm_gdn_neuron.preflight import load_checkpoint
 
     listed = requests.get(f"{server.base}/v1/models", timeout=30).json()["data"]
     assert [m["id"] for m in listed] == ["qwen3_5-2b-real"]

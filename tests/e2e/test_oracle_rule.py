@@ -6,7 +6,8 @@ rate on samples of one distribution, its power on two)."""
 import pytest
 import torch
 
-from oracle import assert_greedy_matches, assert_logprob_error_ratio, bf16_ulp, chi2_homogeneity, logprob_error
+from tests.support.oracle import (assert_greedy_matches, assert_logprob_error_ratio, bf16_ulp, chi2_homogeneity,
+                                  logprob_error)
 
 
 def _logits(top: float, runner_up: float, vocab: int = 6) -> torch.Tensor:

@@ -9,7 +9,7 @@ those of the same requests sent alone.
 
 import pytest
 
-from serving import Server, all_at_once, generated_ids, metric, mixed_requests, running_server
+from tests.support.serving import Server, all_at_once, generated_ids, metric, mixed_requests, running_server
 
 SMALL_CACHE_BYTES = 2 * 2**20
 MAX_MODEL_LEN = 2048

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from conftest import engine
-from oracle import assert_greedy_matches, hf_greedy
+from tests.support.engines import engine
+from tests.support.oracle import assert_greedy_matches, hf_greedy
 
 MAX_NEW_TOKENS = 8
 BLOCK = 128  # hits are whole cache blocks
@@ -21,7 +21,7 @@ BLOCK = 128  # hits are whole cache blocks
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3-next"])
-def test_cache_hit_gives_the_same_ids(tiny_models, model):
+def test_cache_hit_gives_the_same_ids(tiny_model, model):
     from vllm import SamplingParams
 
     rng = random.Random(2)
@@ -30,7 +30,7 @@ def test_cache_hit_gives_the_same_ids(tiny_models, model):
     extended = prefix + [rng.randrange(3, 512) for _ in range(29)]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
 
-    with engine(tiny_models[model], dtype="float32", enable_prefix_caching=True, block_size=BLOCK) as llm:
+    with engine(tiny_model(model), dtype="float32", enable_prefix_caching=True, block_size=BLOCK) as llm:
         assert llm.llm_engine.vllm_config.cache_config.mamba_cache_mode == "align"
         first = llm.generate([{"prompt_token_ids": prefix}], params, use_tqdm=False)[0]
         again = llm.generate([{"prompt_token_ids": same}], params, use_tqdm=False)[0]
@@ -41,5 +41,5 @@ def test_cache_hit_gives_the_same_ids(tiny_models, model):
     assert longer.num_cached_tokens >= 3 * BLOCK, longer.num_cached_tokens
     assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
     for prompt, out in ((prefix, first), (extended, longer)):
-        want, want_logits = hf_greedy(tiny_models[model], torch.float32, prompt, MAX_NEW_TOKENS)
+        want, want_logits = hf_greedy(tiny_model(model), torch.float32, prompt, MAX_NEW_TOKENS)
         assert_greedy_matches(list(out.outputs[0].token_ids), want, want_logits, torch.float32)

@@ -11,11 +11,12 @@ import types
 
 import pytest
 
-from conftest import REPO, builder
+from scripts import build_tiny_models as builder
+from tests.support.serving import REPO
 from vllm_gdn_neuron import cli
-from vllm_gdn_neuron.checkpoint import kv_bytes_per_token, parameter_count, state_bytes_per_sequence, weight_bytes
+from vllm_gdn_neuron.preflight import kv_bytes_per_token, parameter_count, state_bytes_per_sequence, weight_bytes
+from vllm_gdn_neuron.units import GiB
 
-GiB = 2**30
 MEMORY_PAGE = (REPO / "docs" / "cpu-serving.md").read_text()
 
 

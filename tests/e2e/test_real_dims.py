@@ -2,7 +2,7 @@
 
 Random-weight checkpoints with Qwen3.5-2B's and Qwen3.5-35B-A3B's per-layer shapes
 (GatedDeltaNet heads of 128, attention heads of 256, the 248,320-token vocabulary;
-four layers, eight experts: see ``configs/build_tiny_models.py``), fp32 and bf16.
+four layers, eight experts: see ``scripts/build_tiny_models.py``), fp32 and bf16.
 Prompts of 1 to 300 tokens with ids across the whole vocabulary, one mixed batch with
 ``max_num_batched_tokens=128``: the long prompts are prefilled in chunks while the
 others decode.
@@ -39,10 +39,13 @@ import random
 import pytest
 import torch
 
-from conftest import builder, greedy_in_subprocess, greedy_logprobs_in_subprocess
-from oracle import assert_greedy_matches, assert_logprob_error_ratio, hf_bf16_oracle_in_subprocess, hf_greedy_in_subprocess
-from test_checkpoint_sizes import served_tensor_sizes
-from vllm_gdn_neuron.checkpoint import load_checkpoint, parameter_count
+from scripts import build_tiny_models as builder
+from tests.support.engines import greedy_in_subprocess, greedy_logprobs_in_subprocess
+from tests.support.oracle import (assert_greedy_matches, assert_logprob_error_ratio, hf_bf16_oracle_in_subprocess,
+                                  hf_greedy_in_subprocess)
+from vllm_gdn_neuron.preflight import load_checkpoint, parameter_count
+
+from .test_checkpoint_sizes import served_tensor_sizes
 
 MAX_NEW_TOKENS = 8
 PROMPT_LENGTHS = (1, 17, 300, 64, 129)
@@ -53,8 +56,8 @@ MODELS = ("qwen3_5-2b-real", "qwen3_5-35b-a3b-real")
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def real_model(request, real_dims_checkpoint) -> str:
-    return real_dims_checkpoint(request.param)
+def real_model(request, tiny_model) -> str:
+    return tiny_model(request.param)
 
 
 def test_real_dims_are_the_published_ones():

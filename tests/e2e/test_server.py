@@ -12,9 +12,10 @@ import pytest
 import requests
 import torch
 
-from oracle import assert_greedy_matches, hf_greedy
-from serving import TINY_MODEL_DIR, TINY_SERVED_NAME, Server, all_at_once, completion, generated_ids, mixed_requests
-from serving import running_server, stream_events
+from tests.support.oracle import assert_greedy_matches, hf_greedy
+from tests.support.serving import (TINY_MODEL_DIR, TINY_SERVED_NAME, Server, all_at_once, completion, generated_ids,
+                                   mixed_requests)
+from tests.support.serving import running_server, stream_events
 
 MODEL_DIR = TINY_MODEL_DIR
 SERVED_NAME = TINY_SERVED_NAME

@@ -23,7 +23,8 @@ import uuid
 
 import pytest
 
-from serving import Server, all_at_once, generated_ids, mixed_requests, resident_by_process, running_server, wait_idle
+from tests.support.serving import (Server, all_at_once, generated_ids, mixed_requests, resident_by_process,
+                                   running_server, wait_idle)
 
 ROUNDS = 10
 PER_ROUND = 100

@@ -11,7 +11,7 @@ import torch
 
 import pytest
 
-from conftest import engine
+from tests.support.engines import engine
 
 
 def _edited_copy(src: str, dst, **changes) -> str:
@@ -33,18 +33,18 @@ def _edited_copy(src: str, dst, **changes) -> str:
          "layer_types\\[1\\] must be 'linear_attention' or 'full_attention'; got 'sliding_attention'"),
     ],
 )
-def test_unservable_config_is_refused_at_startup(tiny_models, tmp_path, changes, message):
-    model_dir = _edited_copy(tiny_models["qwen3_5-dense"], tmp_path / "model", **changes)
+def test_unservable_config_is_refused_at_startup(tiny_model, tmp_path, changes, message):
+    model_dir = _edited_copy(tiny_model("qwen3_5-dense"), tmp_path / "model", **changes)
     with pytest.raises(ValueError, match=message):
         with engine(model_dir, dtype="float32"):
             pass
 
 
 @pytest.mark.slow
-def test_a_checkpoint_tensor_without_a_parameter_is_refused(tiny_models, tmp_path):
+def test_a_checkpoint_tensor_without_a_parameter_is_refused(tiny_model, tmp_path):
     from safetensors.torch import save_file
 
-    model_dir = _edited_copy(tiny_models["qwen3_5-dense"], tmp_path / "model")
+    model_dir = _edited_copy(tiny_model("qwen3_5-dense"), tmp_path / "model")
     save_file({"model.layers.0.linear_attn.in_proj_w.weight": torch.zeros(4, 64)}, str(tmp_path / "model" / "extra.safetensors"))
     index_path = tmp_path / "model" / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())

@@ -11,14 +11,14 @@ import random
 import pytest
 import torch
 
-from conftest import engine
-from oracle import assert_greedy_matches, hf_greedy
+from tests.support.engines import engine
+from tests.support.oracle import assert_greedy_matches, hf_greedy
 
 MAX_NEW_TOKENS = 8
 
 
 @pytest.mark.slow
-def test_tp2_greedy_ids_match_transformers(tiny_models, monkeypatch):
+def test_tp2_greedy_ids_match_transformers(tiny_model, monkeypatch):
     from vllm import SamplingParams
 
     # vLLM's CPU workers bind one NUMA node each unless told which cores to use.
@@ -26,7 +26,7 @@ def test_tp2_greedy_ids_match_transformers(tiny_models, monkeypatch):
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (1, 37, 300)]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-    model_dir = tiny_models["qwen3-next"]
+    model_dir = tiny_model("qwen3-next")
     with engine(model_dir, dtype="float32", tensor_parallel_size=2, distributed_executor_backend="mp") as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, out in zip(prompts, outs):

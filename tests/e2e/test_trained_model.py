@@ -4,10 +4,10 @@ its ``mtp.*`` tensors do not stop a serving model from loading."""
 
 import pytest
 import torch
-import train_tiny_mtp as trainer
+from scripts import train_tiny_mtp as trainer
 
-from conftest import engine
-from oracle import hf_greedy
+from tests.support.engines import engine
+from tests.support.oracle import hf_greedy
 
 PROMPTS = {
     "count from three to nine:": " three four five six seven eight nine.",

@@ -13,9 +13,10 @@ bad requests (refused with the problem named; the engine serves on) share one en
 import pytest
 import torch
 
-from conftest import engine
-from oracle import assert_greedy_matches
-from vision_oracle import data_url, hf_vl_fp32_logits, hf_vl_greedy, noise_image, oversized_png_url, png_bytes, video_data_url
+from tests.support.engines import engine
+from tests.support.oracle import assert_greedy_matches
+from tests.support.vision_oracle import (data_url, hf_vl_fp32_logits, hf_vl_greedy, noise_image, oversized_png_url,
+                                         png_bytes, video_data_url)
 
 MAX_NEW_TOKENS = 6
 MAX_IMAGES = 3
@@ -43,12 +44,12 @@ def engines(*params):
 
 
 @pytest.fixture(scope="module")
-def vl_engine(request, tiny_models, tmp_path_factory):
+def vl_engine(request, tiny_model, tmp_path_factory):
     model, dtype = request.param
     media = tmp_path_factory.mktemp("media")
-    with engine(tiny_models[model], dtype=dtype, enable_prefix_caching=True,
+    with engine(tiny_model(model), dtype=dtype, enable_prefix_caching=True,
                 limit_mm_per_prompt={"image": MAX_IMAGES}, allowed_local_media_path=str(media)) as llm:
-        yield llm, tiny_models[model], getattr(torch, dtype), media
+        yield llm, tiny_model(model), getattr(torch, dtype), media
 
 
 def _check(llm_output, model_dir, dtype, images, video_frames=None):

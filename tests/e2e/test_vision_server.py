@@ -11,16 +11,16 @@ import pathlib
 import pytest
 import torch
 
-from oracle import assert_greedy_matches
-from serving import running_server
-from vision_oracle import data_url, hf_vl_greedy, noise_image, video_data_url
+from tests.support.oracle import assert_greedy_matches
+from tests.support.serving import running_server
+from tests.support.vision_oracle import data_url, hf_vl_greedy, noise_image, video_data_url
 
 MAX_TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models, tmp_path_factory):
-    folder = tiny_models["qwen3_5-vl"]
+def server(tiny_model, tmp_path_factory):
+    folder = tiny_model("qwen3_5-vl")
     args = ("--dtype", "float32", "--limit-mm-per-prompt", '{"image": 2}', "--max-model-len", "1024")
     with running_server(tmp_path_factory.mktemp("vision-server") / "server.log", *args,
                         model=pathlib.Path(folder).name, env={"MODEL": folder}) as running:

@@ -6,10 +6,11 @@ import pathlib
 
 import pytest
 import torch
-from kernel_testing import assert_close, gdn_inputs, random_state, reference_cte
 
 from vllm_gdn_neuron.kernels import adapter, nki_call
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
+
+from .kernel_testing import assert_close, gdn_inputs, random_state, reference_cte
 
 SCALE = 16**-0.5
 ROOT = pathlib.Path(__file__).resolve().parents[2]

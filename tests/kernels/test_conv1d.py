@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from kernel_testing import DTYPES, assert_close
 
 from vllm_gdn_neuron.kernels.conv1d import TIME_TILE, gdn_conv1d_decode, gdn_conv1d_prefill
 from vllm_gdn_neuron.kernels.conv1d_torch import gdn_conv1d_decode_torch, gdn_conv1d_prefill_torch
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step
+
+from .kernel_testing import DTYPES, assert_close
 
 
 def _inputs(b, c, t, k, dtype, seed=0):

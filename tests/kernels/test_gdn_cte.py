@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from kernel_testing import DTYPES, assert_close, gdn_inputs, random_state, reference_cte
 
 from vllm_gdn_neuron.kernels.gdn_cte import gdn_cte
 from vllm_gdn_neuron.kernels.gdn_cte_torch import gdn_cte_torch
 from vllm_gdn_neuron.kernels.mask_pack import build_mask_pack
+
+from .kernel_testing import DTYPES, assert_close, gdn_inputs, random_state, reference_cte
 
 SCALE = 0.3
 

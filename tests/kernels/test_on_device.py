@@ -9,10 +9,11 @@ import os
 
 import pytest
 import torch
-from kernel_testing import assert_close, gdn_inputs, random_state, reference_cte
 
 from vllm_gdn_neuron.kernels import adapter, nki_compat
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
+
+from .kernel_testing import assert_close, gdn_inputs, random_state, reference_cte
 
 
 def _why_not():

@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-from kernel_testing import DTYPES, assert_close, gdn_inputs, reference_cte, unit_rows
 
 from vllm_gdn_neuron.kernels.gdn_cte import gdn_cte
 from vllm_gdn_neuron.kernels.recurrent_step import gdn_recurrent_step
 from vllm_gdn_neuron.kernels.recurrent_step_torch import gdn_recurrent_step_torch
 from vllm_gdn_neuron.kernels.reference import gdn_recurrence
+
+from .kernel_testing import DTYPES, assert_close, gdn_inputs, reference_cte, unit_rows
 
 SCALE = 0.4
 

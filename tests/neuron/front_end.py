@@ -1,6 +1,6 @@
 """``vllm serve`` up to the engine config, in this process, under the Neuron platform stand-in.
 
-    VLLM_NEURON_STANDIN=1 python tests/neuron/front_end.py '[["MODEL", "--config", "FILE", ...], ...]'
+    VLLM_NEURON_STANDIN=1 PYTHONPATH=tests/neuron python -m tests.neuron.front_end '[["MODEL", "--config", "FILE"], ...]'
 
 runs vLLM's own CLI (``vllm.entrypoints.cli.main``: its argument parser, ``--config`` YAML
 reading and argument validation) with the ``serve`` command's action replaced by what the API
@@ -13,9 +13,9 @@ the runner does), and lets the platform align the block size as vLLM's executors
 ``load_model``. It prints one JSON line (prefixed ``FRONT_END ``) of what it saw per
 invocation, or of the error that stopped it.
 
-vLLM chooses its platform once per process: the tests run this file in a fresh process
+vLLM chooses its platform once per process: the tests run this module in a fresh process
 (:func:`run`), with ``tests/neuron`` on ``PYTHONPATH`` so that vLLM finds the stand-in
-platform plugin. Works on vLLM 0.24 and 0.32.
+platform plugin, and the repository root so that the stand-in finds the runner harness. Works on vLLM 0.24 and 0.32.
 """
 
 import json
@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 PREFIX = "FRONT_END "
 
 
@@ -33,8 +34,8 @@ def worker_model(vllm_config):
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from runner import NeuronConfigStandIn, meta_model
-    from runner_vision import VisionNeuronConfigStandIn
+    from .runner import NeuronConfigStandIn, meta_model
+    from .runner_vision import VisionNeuronConfigStandIn
 
     model_config = vllm_config.model_config
     cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config=model_config)
@@ -52,8 +53,9 @@ def engine_config_report(args) -> dict:
     from vllm.platforms import current_platform
     from vllm.usage.usage_lib import UsageContext
 
-    import runner_cache
     from vllm_gdn_neuron import plugin
+
+    from . import runner_cache
 
     if getattr(args, "model_tag", None) is not None:
         args.model = args.model_tag
@@ -111,8 +113,8 @@ def main(invocations: list[list[str]]) -> None:
 def run(invocations: list[list[str]], **env) -> tuple[list[dict], subprocess.CompletedProcess]:
     """The invocations in one fresh process under the stand-in platform: ``(one report each, the process)``."""
     environ = {**os.environ, "VLLM_NEURON_STANDIN": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])), **env}
-    done = subprocess.run([sys.executable, str(HERE / "front_end.py"), json.dumps(invocations)], env=environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), str(REPO), os.environ.get("PYTHONPATH")])), **env}
+    done = subprocess.run([sys.executable, "-m", "tests.neuron.front_end", json.dumps(invocations)], env=environ,
                           capture_output=True, text=True, timeout=600)
     reports = [json.loads(line[len(PREFIX):]) for line in done.stdout.splitlines() if line.startswith(PREFIX)]
     return reports, done

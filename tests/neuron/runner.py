@@ -97,10 +97,11 @@ import numpy as np
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-import runner_cache
-import runner_vision
 from vllm_gdn_neuron.shells.neuron.kv_spec import STAND_INS
 from vllm_gdn_neuron.shells.neuron.packing import check_prefill_rows
+
+from . import runner_cache
+from . import runner_vision
 
 NULL_BLOCK_ID = 0
 PAD_SLOT_ID = -1

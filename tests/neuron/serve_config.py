@@ -26,8 +26,9 @@ import types
 import torch
 import yaml
 
-from runner import EngineSettings, NeuronRunnerStandIn
 from vllm_gdn_neuron import plugin
+
+from .runner import EngineSettings, NeuronRunnerStandIn
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml")) + [REPO / "configs" / "serve-trn2.yaml"]

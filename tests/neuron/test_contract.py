@@ -11,9 +11,10 @@ import types
 import pytest
 import torch
 
-from runner import NeuronConfigStandIn, stand_ins_in_use
 from vllm_gdn_neuron.shells.neuron import cache, contract, kv_spec
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+from .runner import NeuronConfigStandIn, stand_ins_in_use
 
 
 def _fields(cls):
@@ -153,7 +154,7 @@ def test_forward_takes_exactly_the_runners_keywords():
 
 
 def test_the_harness_passes_every_metadata_key_the_shell_reads(tiny_model):
-    from runner import EngineSettings, NeuronRunnerStandIn
+    from .runner import EngineSettings, NeuronRunnerStandIn
 
     settings = EngineSettings(model=tiny_model("qwen3_5-dense"), additional_config={"neuron_config": dict(
         num_batched_tokens_buckets=[16], num_seqs_buckets=[2])})
@@ -169,7 +170,7 @@ def test_the_harness_passes_every_metadata_key_the_shell_reads(tiny_model):
 def test_the_host_read_scan_finds_host_reads():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from runner import host_reads
+    from .runner import host_reads
 
     def reads(x):
         return torch.nonzero(x), x.to("meta"), x.sum().item()

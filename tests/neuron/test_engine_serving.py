@@ -33,12 +33,12 @@ import requests
 import torch
 import yaml
 
-from neuron_testing import oracle
-from serve_config import scaled, tiny_checkpoint
+from tests.support import oracle
+from tests.support.serving import (REQUEST_TIMEOUT_S, Server, all_at_once, completion, free_port, generated_ids,
+                                   serving_process, stream_events)
 
-from serving import (REQUEST_TIMEOUT_S, Server, all_at_once, completion, free_port, generated_ids, serving_process,
-                     stream_events)
-from standin_stats import STATS_ENV
+from .serve_config import scaled, tiny_checkpoint
+from .standin_stats import STATS_ENV
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NEURON_TESTS = pathlib.Path(__file__).resolve().parent
@@ -251,7 +251,7 @@ def test_synchronous_moe_server_serves_concurrent_requests_with_transformers_ids
 
 
 def _ask_about(server: Server, image) -> requests.Response:
-    from vision_oracle import data_url
+    from tests.support.vision_oracle import data_url
 
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
                                              {"type": "text", "text": "what is in the picture"}]}]
@@ -264,7 +264,7 @@ def test_an_image_is_served_and_one_over_the_vision_bucket_refused(moe_synchrono
     """An image inside the compiled vision bucket: transformers' ids (encoded by the compiled tower into
     the encoder cache, M-RoPE positions). One whose embeddings exceed the bucket: a 4xx naming it, and
     the server answers the first image again."""
-    from vision_oracle import hf_vl_greedy, noise_image
+    from tests.support.vision_oracle import hf_vl_greedy, noise_image
 
     server, settings, model_dir = moe_synchronous
     image = noise_image(64, 32, 5)  # 8 x 4 patches: the bucket

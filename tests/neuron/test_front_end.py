@@ -22,8 +22,8 @@ import json
 import pytest
 import yaml
 
-import front_end
-from serve_config import CONFIGS, scaled, tiny_checkpoint, write
+from . import front_end
+from .serve_config import CONFIGS, scaled, tiny_checkpoint, write
 
 ENTRY = "vllm_gdn_neuron.shells.neuron.registry_entry.Qwen3_5NeuronRegistryEntry"
 MULTIMODAL_ENTRY = "vllm_gdn_neuron.shells.neuron.multimodal_entry.Qwen3_5NeuronMultiModal"

@@ -14,9 +14,10 @@ transformers' in fp32; under the bf16 tie rule in bf16).
 import pytest
 import torch
 
-from neuron_testing import oracle
-from runner import EngineSettings, NeuronRunnerStandIn, host_reads, serve, symbolic_graphs
+from tests.support import oracle
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+from .runner import EngineSettings, NeuronRunnerStandIn, host_reads, serve, symbolic_graphs
 
 # (prompt length, new tokens, arrival step): one-token prompts, prompts longer than the
 # largest prefill bucket (chunked), decode batches above and below the decode bucket.
@@ -138,17 +139,15 @@ REAL_DIMS_TIE_ULPS = 8  # tests/e2e/test_real_dims.py: 2048-wide hidden states, 
 def test_real_dims_2b_checkpoint_on_the_runner(tiny_model, dtype):
     """Qwen3.5-2B's per-layer dims (4 layers, random weights): the attention block grows to hold a
     GDN state page, ids across the whole vocabulary; transformers runs first in a child process."""
-    import oracle as spawnable_oracle  # tests/e2e's oracle under its own name: a spawned child imports it
-
     model_dir = tiny_model("qwen3_5-2b-real")
     vocab_size = 248_320
     prompts = _prompts(REAL_DIMS_WORKLOAD, vocab_size)
     new_tokens = max(n for _, n, _ in REAL_DIMS_WORKLOAD)
     if dtype == "bfloat16":
-        expected, _ = spawnable_oracle.hf_bf16_oracle_in_subprocess(model_dir, prompts, new_tokens)
+        expected, _ = oracle.hf_bf16_oracle_in_subprocess(model_dir, prompts, new_tokens)
     else:
         expected = [(ids, logits, None) for ids, logits in
-                    spawnable_oracle.hf_greedy_in_subprocess(model_dir, torch.float32, prompts, new_tokens)]
+                    oracle.hf_greedy_in_subprocess(model_dir, torch.float32, prompts, new_tokens)]
     result = run_harness(model_dir, REAL_DIMS_WORKLOAD, dtype, vocab_size=vocab_size, num_gpu_blocks_override=16)
     assert result["runner"].block_size > 32  # the hybrid alignment raised it
     assert (result["warm_graphs"], result["graphs"], result["symbolic"], result["graph_breaks"]) == (2, 2, 0, 0)

@@ -10,9 +10,10 @@ import types
 import pytest
 import torch
 
-from runner import NeuronConfigStandIn
 from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+from .runner import NeuronConfigStandIn
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,10 @@ of vLLM's ``GroupCoordinator`` that the shell uses (``world_size``, ``rank_in_gr
 ``all_reduce``, ``all_gather``).
 """
 
-import os
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-HERE = os.path.dirname(__file__)
 
 
 class GlooGroup:
@@ -37,7 +32,6 @@ class GlooGroup:
 
 
 def _rank_main(rank, world, init_file, model_dir, workload, out_file):
-    sys.path.insert(0, HERE)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
@@ -53,7 +47,7 @@ def _rank_main(rank, world, init_file, model_dir, workload, out_file):
 
 
 def _serve(model_cls, model_dir, workload, tp_rank=0):
-    import runner as harness
+    from . import runner as harness
 
     settings = harness.EngineSettings(model=model_dir, max_num_seqs=4, num_gpu_blocks_override=24,
                                       additional_config={"neuron_config": dict(
@@ -71,7 +65,7 @@ def _serve(model_cls, model_dir, workload, tp_rank=0):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3-next"])
 def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
-    from neuron_testing import oracle
+    from tests.support import oracle
 
     model_dir = tiny_model(model)
     generator = torch.Generator().manual_seed(5)
@@ -80,7 +74,6 @@ def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
     out_file = tmp_path / "ids.pt"
     mp.start_processes(_rank_main, args=(2, tmp_path / "pg", model_dir, workload, out_file), nprocs=2,
                        start_method="spawn")
-    sys.path.insert(0, HERE)
     from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 
     tp1_ids, tp1_graphs = _serve(Qwen3_5NeuronForCausalLM, model_dir, workload)

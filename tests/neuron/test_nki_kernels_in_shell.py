@@ -8,9 +8,10 @@ on a device the adapter's ops are registered with torch-neuronx and the shell is
 import pytest
 import torch
 
-from runner import NeuronRunnerStandIn, serve
-from test_harness import settings_for
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+from .runner import NeuronRunnerStandIn, serve
+from .test_harness import settings_for
 
 # (prompt length, new tokens, arrival step): a one-token prompt, a prompt longer than the
 # prefill bucket (two chunks, the second from the first's state), decode batches of 1 to 3.

@@ -16,13 +16,14 @@
 import pytest
 import torch
 
-from neuron_testing import oracle
-from runner import (EngineSettings, NeuronRunnerStandIn, OnDeviceSamplingConfigStandIn, Request, Sampling,
-                    sampling_params_tensor)
-from test_harness import FAST_WORKLOAD, run_harness, settings_for
+from tests.support import oracle
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 from vllm_gdn_neuron.shells.neuron.sampling import (OnDeviceSampler, check_sampling_values, greedy_tokens, row_uniforms,
                                              sample_tokens)
+
+from .runner import (EngineSettings, NeuronRunnerStandIn, OnDeviceSamplingConfigStandIn, Request, Sampling,
+                    sampling_params_tensor)
+from .test_harness import FAST_WORKLOAD, run_harness, settings_for
 
 DRAWS = 20_000
 P_VALUE_FLOOR = 1e-4  # fixed seeds: a pass is deterministic; the floor only says how unlikely a fail is
@@ -307,7 +308,7 @@ def test_the_harness_samples_on_the_device_under_async_scheduling(tiny_model):
 
 @pytest.mark.slow
 def test_the_sampling_graph_lowers_to_stablehlo_and_equals_eager():
-    from xla_lowering import XlaLoweringBackend
+    from .xla_lowering import XlaLoweringBackend
 
     backend = XlaLoweringBackend()
     compiled = OnDeviceSampler(OnDeviceSamplingConfigStandIn(max_top_k=32), seed=11)

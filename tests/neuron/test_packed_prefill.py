@@ -14,11 +14,12 @@ transformers, and bursts of prompts with decode served with one static graph per
 import pytest
 import torch
 
-from neuron_testing import oracle
-from runner import EngineSettings, NeuronRunnerStandIn, Request
-from test_harness import check_graphs_and_ids, run_harness, settings_for
+from tests.support import oracle
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 from vllm_gdn_neuron.shells.neuron.packing import check_prefill_rows, prefill_rows
+
+from .runner import EngineSettings, NeuronRunnerStandIn, Request
+from .test_harness import check_graphs_and_ids, run_harness, settings_for
 
 BLOCK = 4
 
@@ -165,8 +166,8 @@ def test_bursts_of_prompts_pack_into_prefill_buckets_with_one_graph_per_bucket(t
 def test_packed_prefill_buckets_lower_to_stablehlo_and_equal_eager(tiny_model):
     """The same bursts through torch-mlir (``xla_lowering.XlaLoweringBackend``), on the MoE model (its
     grouped experts in the prefill bucket): every step on XLA:CPU equal to eager, transformers' ids."""
-    from test_xla_lowering import assert_equal_to_eager, bucket_labels, report
-    from xla_lowering import XlaLoweringBackend
+    from .test_xla_lowering import assert_equal_to_eager, bucket_labels, report
+    from .xla_lowering import XlaLoweringBackend
 
     model_dir = tiny_model("qwen3_5-moe")
     backend = XlaLoweringBackend()

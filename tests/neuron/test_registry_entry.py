@@ -10,9 +10,10 @@ whole route through vLLM's front end: ``test_front_end.py``.
 import pytest
 import torch
 
-from runner import NeuronConfigStandIn
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 from vllm_gdn_neuron.shells.neuron.registry_entry import Qwen3_5NeuronRegistryEntry
+
+from .runner import NeuronConfigStandIn
 
 
 @pytest.mark.vllm024

@@ -8,9 +8,10 @@ recompile (``fail_on_recompile``), and both calls equal the eager result.
 import pytest
 import torch
 
-from runner import GraphRecorder, host_reads
 from vllm_gdn_neuron.model.mlp import softmax_top_k
 from vllm_gdn_neuron.model.routed_experts import gathered_expert_mixture, grouped_expert_mixture
+
+from .runner import GraphRecorder, host_reads
 
 
 @pytest.mark.parametrize(("path", "num_tokens", "num_experts", "top_k"), [

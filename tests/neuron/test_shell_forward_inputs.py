@@ -20,8 +20,9 @@ carrying the same information. fp32 claims are exact (``torch.equal``).
 import pytest
 import torch
 
-from runner import EngineSettings, NeuronRunnerStandIn, Request, host_reads
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+from .runner import EngineSettings, NeuronRunnerStandIn, Request, host_reads
 
 PROMPTS = ([5, 17, 42, 9, 300, 11, 250, 3, 77, 120, 64], [8, 400, 21, 6, 99])
 DECODE_STEPS = 3

@@ -27,13 +27,14 @@ import types
 import pytest
 import torch
 
-from runner import GraphRecorder, EngineSettings, NeuronRunnerStandIn, Request, host_reads, symbolic_graphs
-from runner_vision import EncoderCacheStandIn, ImageFeature
 from vllm_gdn_neuron.model.rotary import PartialRotaryEmbedding
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 from vllm_gdn_neuron.shells.neuron.mrope import mrope_input_positions
 from vllm_gdn_neuron.shells.neuron.vision import check_vision_inputs
 from vllm_gdn_neuron.shells.neuron.vision_tower import NeuronVisionTower, VisionLayout, encode_images, pack_images
+
+from .runner import GraphRecorder, EngineSettings, NeuronRunnerStandIn, Request, host_reads, symbolic_graphs
+from .runner_vision import EncoderCacheStandIn, ImageFeature
 
 IMAGE, VIDEO, START, END = 500, 501, 502, 503
 SECTION = (4, 2, 2)  # of rotary_dim / 2 = 8 slots: height 1, 4; width 2, 5; temporal 0, 3, 6, 7
@@ -270,8 +271,8 @@ def test_the_buckets_with_vision_inputs_lower_to_stablehlo_and_equal_eager(check
     architecture name, which the runner's merge-factor lookup does not know: factor 1, blocks of 32
     rows. (torchax's lowering carries the tower's LayerNorm variance as a float64 NaN constant that
     its module computes with; torch-mlir's has none.)"""
-    from test_xla_lowering import assert_equal_to_eager, report
-    from xla_lowering import XlaLoweringBackend
+    from .test_xla_lowering import assert_equal_to_eager, report
+    from .xla_lowering import XlaLoweringBackend
 
     backend, tower = XlaLoweringBackend(), XlaLoweringBackend()
     runner, requests, got = serve_image_prompts(checkpoint, hf, PLUGIN_ARCHITECTURE, backend=backend,
@@ -343,7 +344,7 @@ def test_the_tower_graph_writes_transformers_vision_output_into_the_cache(hf, dt
     one compiled graph per shape (the second 2-block call under ``fail_on_recompile``); a float32 cache buffer keeps
     the rows unrounded. Tolerances: fp32 tight; bf16 against transformers' fp32 tower, loose. ``torch_mlir``:
     each graph lowered to StableHLO through torch-mlir and run on XLA:CPU (``xla_lowering.XlaLoweringBackend``)."""
-    from xla_lowering import XlaLoweringBackend
+    from .xla_lowering import XlaLoweringBackend
 
     visual, layout = tower_like(hf, dtype)
     recorder = GraphRecorder() if compiler == "aot_eager" else XlaLoweringBackend()

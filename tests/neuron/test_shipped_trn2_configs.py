@@ -15,8 +15,9 @@ import types
 import pytest
 import yaml
 
-from serve_config import serve_parser
 from vllm_gdn_neuron.shells.neuron.checks import UNQUANTIZED, check_sampling_config, check_vision_neuron_config
+
+from .serve_config import serve_parser
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))

@@ -5,7 +5,7 @@ verify graph per decode bucket, ``spec_decode_metadata``) over the shell's forwa
 (``neuron/spec_decode.py``): each decode step carries every request's pending token and N
 drafts; the shell judges them in the graph, returns ``[rows, 1 + N]`` ids with ``-1`` past
 the accepted ones and keeps each GatedDeltaNet state at the last accepted token. The drafts
-come from the reference MTP head (``configs/mtp_reference.py``, transformers' modules) on the
+come from the reference MTP head (``scripts/mtp_reference.py``, transformers' modules) on the
 host: the pinned runner builds no MTP drafter (``docs/neuron-mtp.md``), so the harness stands
 in for one.
 
@@ -20,14 +20,15 @@ graph. The other two cases run the same forward eagerly.
 
 import pathlib
 
-import mtp_reference
 import pytest
 import torch
 
-from neuron_testing import oracle
-from runner import EngineSettings, NeuronRunnerStandIn, host_reads, serve, symbolic_graphs
+from scripts import mtp_reference
+from tests.support import oracle
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
 from vllm_gdn_neuron.shells.neuron.spec_decode import REJECTED, judge_drafts
+
+from .runner import EngineSettings, NeuronRunnerStandIn, host_reads, serve, symbolic_graphs
 
 TRAINED = pathlib.Path(__file__).resolve().parents[2] / "configs" / "trained" / "qwen3_5-tiny-mtp"
 PREFILL_BUCKETS, DECODE_BUCKETS = (16,), (2, 4)
@@ -137,8 +138,8 @@ def test_the_verify_buckets_lower_to_stablehlo_and_equal_eager():
     take the 4-row bucket; the 2-row verify graph and the one-token graphs (every decode step
     carries drafts) serve only their warm-up."""
     import transformers
-    from test_xla_lowering import assert_equal_to_eager, bucket_labels, report
-    from xla_lowering import XlaLoweringBackend
+    from .test_xla_lowering import assert_equal_to_eager, bucket_labels, report
+    from .xla_lowering import XlaLoweringBackend
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(TRAINED)
     hf_model = oracle.hf_model(str(TRAINED), torch.float32)

@@ -5,8 +5,9 @@ import types
 
 import torch
 
-from runner import symbolic_graphs
 from vllm_gdn_neuron.shells.neuron.static_graphs import require_static_graphs
+
+from .runner import symbolic_graphs
 
 
 def _graphs_of_two_buckets() -> list:

@@ -11,17 +11,11 @@ array, HBM 2.9 TB/s per chip over 8 physical cores, ScalarE 1.2 GHz, a 64-cycle 
 - sigmoid: 1,536 elements on ScalarE: the 64-cycle minimum at 1.2 GHz.
 """
 
-import pathlib
-import sys
-
 import pytest
 import torch
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import bench_step_trn2_model as bench  # noqa: E402
-import step_model  # noqa: E402
+from benchmarks import bench_step_trn2_model as bench
+from benchmarks import step_model
 
 
 class Tiny(torch.nn.Module):

@@ -22,10 +22,11 @@ import pytest
 import torch
 import yaml
 
-import serve_config
-from runner import serve
-from serve_config import CONFIGS, scaled, tiny_checkpoint
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+from . import serve_config
+from .runner import serve
+from .serve_config import CONFIGS, scaled, tiny_checkpoint
 
 pytestmark = pytest.mark.vllm024  # every case runs in the vLLM 0.24 lane too (scripts/test.sh)
 

@@ -10,8 +10,9 @@ import pathlib
 import pytest
 import torch
 
-from neuron_testing import builder, e2e
-from test_harness import FAST_WORKLOAD, check, run_harness
+from scripts import build_tiny_models as builder
+from tests.support.engines import engine
+from .test_harness import FAST_WORKLOAD, check, run_harness
 
 
 def build_gqa4_model(out: pathlib.Path) -> str:
@@ -37,7 +38,7 @@ def test_neuron_shell_ids_equal_the_vllm_shell_ids(tiny_model, tmp_path, model):
     model_dir = build_gqa4_model(tmp_path / "gqa4") if model == "gqa4" else tiny_model(model)
     result = run_harness(model_dir, FAST_WORKLOAD, prefill_buckets=(32,), decode_buckets=(4,), num_gpu_blocks_override=24)
     check(result, model_dir, FAST_WORKLOAD)
-    with e2e.engine(model_dir, dtype="float32", enable_prefix_caching=False) as llm:
+    with engine(model_dir, dtype="float32", enable_prefix_caching=False) as llm:
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in result["prompts"]],
             [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n, _ in FAST_WORKLOAD],

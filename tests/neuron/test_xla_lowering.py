@@ -26,10 +26,11 @@ import functools
 import pytest
 import torch
 
-from runner import NeuronRunnerStandIn
-from test_harness import FAST_WORKLOAD, SLOW_WORKLOAD, check, run_harness, settings_for
-from xla_lowering import LoweringRefused, XlaLoweringBackend, analyse
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+from .runner import NeuronRunnerStandIn
+from .test_harness import FAST_WORKLOAD, SLOW_WORKLOAD, check, run_harness, settings_for
+from .xla_lowering import LoweringRefused, XlaLoweringBackend, analyse
 
 TOLERANCE = 1e-4
 

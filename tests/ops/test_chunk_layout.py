@@ -7,13 +7,14 @@ import random
 
 import pytest
 import torch
-from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import gdn_recurrence
 from vllm_gdn_neuron.ops.backends.torch import chunked
 from vllm_gdn_neuron.ops.backends.torch.chunk_layout import (ChunkLayout, VarlenChunkLayout, longest_first,
                                                              varlen_chunk_bound)
+
+from .ops_testing import assert_matches, make_gdn_inputs
 
 CHUNK = 8
 

@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from ops_testing import assert_matches
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step
+
+from .ops_testing import assert_matches
 
 BF16, F32 = torch.bfloat16, torch.float32
 

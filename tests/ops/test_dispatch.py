@@ -5,11 +5,12 @@ import types
 
 import pytest
 import torch
-from ops_testing import make_gdn_inputs
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.ops import auto, dispatch
 from vllm_gdn_neuron.ops.backends import torch as torch_backend
+
+from .ops_testing import make_gdn_inputs
 
 CPU, XLA = torch.device("cpu"), torch.device("xla")
 

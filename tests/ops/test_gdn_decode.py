@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import gdn_recurrence
+
+from .ops_testing import assert_matches, make_gdn_inputs
 
 BF16, F32 = torch.bfloat16, torch.float32
 

@@ -3,12 +3,13 @@ float64 references; and how it is selected."""
 
 import pytest
 import torch
-from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
 from vllm_gdn_neuron.ops import dispatch
 from vllm_gdn_neuron.ops.backends import nki as nki_backend
+
+from .ops_testing import assert_matches, make_gdn_inputs
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -9,12 +9,13 @@ compiler that records the ATen graph; the Dynamo graph is recorded on the way in
 
 import pytest
 import torch
-from ops_testing import make_gdn_inputs
 from torch._dynamo.backends.debugging import aot_eager
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import make_boxed_func
 
 from vllm_gdn_neuron import ops
+
+from .ops_testing import make_gdn_inputs
 
 ROWS, TOKENS, SEQS, PAGES, PAD_PAGE = 4, 40, 3, 9, 0
 HK, HV, DK, DV, WIDTH = 1, 2, 8, 8, 4

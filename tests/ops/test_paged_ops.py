@@ -8,8 +8,12 @@ but the live ones and the pad page may change.
 
 import pytest
 import torch
-from ops_testing import assert_matches, make_gdn_inputs
-from paged_testing import (
+
+from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.backends.torch.chunked import GDN_CHUNK_SIZE as CHUNK
+
+from .ops_testing import assert_matches, make_gdn_inputs
+from .paged_testing import (
     changed_pages,
     make_caches,
     make_step,
@@ -18,9 +22,6 @@ from paged_testing import (
     reference_gdn_decode,
     reference_gdn_prefill,
 )
-
-from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.ops.backends.torch.chunked import GDN_CHUNK_SIZE as CHUNK
 
 BF16, F32 = torch.bfloat16, torch.float32
 LENGTHS = [1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5]

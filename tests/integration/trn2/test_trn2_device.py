@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 import torch
-import trn2_checks
+from . import trn2_checks
 
 pytestmark = [
     pytest.mark.neuron,
@@ -52,7 +52,7 @@ SERVED = [("qwen3_5-dense", "tiny-trn2.yaml"), ("qwen3_5-moe", "tiny-trn2.yaml")
 @pytest.mark.parametrize("model_name, config", SERVED)
 def test_served_greedy_ids_equal_the_cpu_oracle(tmp_path, model_name, config):
     if model_name not in trn2_checks.builder_models():
-        pytest.skip(f"configs/build_tiny_models.py builds no {model_name!r} in this checkout")
+        pytest.skip(f"scripts/build_tiny_models.py builds no {model_name!r} in this checkout")
     model = trn2_checks.build_model(model_name, tmp_path)
     prompts = [trn2_checks.TINY_PROMPT, [5, 6, 7], list(range(3, 200, 3))]
     with trn2_checks.served(model, HERE / config) as url:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-import trn2_checks
+from . import trn2_checks
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 

@@ -352,16 +352,14 @@ def _load_module(name: str, path: pathlib.Path):
 
 
 def builder_models() -> tuple[str, ...]:
-    """The checkpoints ``configs/build_tiny_models.py`` builds (tiny, and real-dims where it has them)."""
-    import build_tiny_models as builder
-
+    """The checkpoints ``scripts/build_tiny_models.py`` builds (tiny, and real-dims where it has them)."""
+    builder = _load_module("trn2_builder", REPO / "scripts" / "build_tiny_models.py")
     return tuple(builder.MODELS) + tuple(getattr(builder, "REAL_MODELS", ()))
 
 
 def build_model(name: str, out_dir: pathlib.Path) -> pathlib.Path:
-    """A checkpoint of ``configs/build_tiny_models.py`` (a tiny or a real-dims one)."""
-    import build_tiny_models as builder
-
+    """A checkpoint of ``scripts/build_tiny_models.py`` (a tiny or a real-dims one)."""
+    builder = _load_module("trn2_builder", REPO / "scripts" / "build_tiny_models.py")
     return builder.build(name, out_dir)
 
 
@@ -423,7 +421,7 @@ def greedy_ids(url: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
 
 def cpu_greedy_ids(model: pathlib.Path, prompt_ids: list[int], max_tokens: int, dtype_name: str = "bfloat16"):
     """The CPU torch oracle: transformers' greedy ids and per-step logits."""
-    oracle = _load_module("trn2_oracle", REPO / "tests" / "e2e" / "oracle.py")
+    oracle = _load_module("trn2_oracle", REPO / "tests" / "support" / "oracle.py")
     import torch
 
     return oracle.hf_greedy(str(model), getattr(torch, dtype_name), prompt_ids, max_tokens)
@@ -431,7 +429,7 @@ def cpu_greedy_ids(model: pathlib.Path, prompt_ids: list[int], max_tokens: int, 
 
 def assert_greedy_matches(got, want, want_logits, dtype_name: str = "bfloat16") -> None:
     """The project's rule: equal ids, up to a bf16 near-tie of the oracle's top logits."""
-    oracle = _load_module("trn2_oracle", REPO / "tests" / "e2e" / "oracle.py")
+    oracle = _load_module("trn2_oracle", REPO / "tests" / "support" / "oracle.py")
     import torch
 
     oracle.assert_greedy_matches(got, want, want_logits, getattr(torch, dtype_name))

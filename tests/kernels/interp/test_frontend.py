@@ -8,10 +8,11 @@ import pkgutil
 import numpy as np
 import pytest
 
-import frontend_snippets as snippets
 import vllm_gdn_neuron.kernels as kernels_package
 from vllm_gdn_neuron.kernels.interp import NkiFrontendError, frontend, nki
 from vllm_gdn_neuron.kernels.interp.jit import Kernel
+
+from . import frontend_snippets as snippets
 
 RULES = {
     "comprehension": ("list comprehension", "comprehensions are not in the NKI Python subset"),

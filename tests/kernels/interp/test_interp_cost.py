@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from interp_helpers import BF16, load
 from vllm_gdn_neuron.kernels.interp import cost, nisa, nki, nl
+
+from .interp_helpers import BF16, load
 
 
 @nki.jit

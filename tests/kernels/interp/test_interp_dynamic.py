@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from interp_helpers import load, run, store
 from vllm_gdn_neuron.kernels.interp import NkiHardwareError, cost, nisa, nki, nl
+
+from .interp_helpers import load, run, store
 
 
 def _register(index_tile, column=0):

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from interp_helpers import BF16, as_bf16, load, randn, run, store
 from vllm_gdn_neuron.kernels.interp import NkiHardwareError, nisa, nl
+
+from .interp_helpers import BF16, as_bf16, load, randn, run, store
 
 DTYPES = [np.float32, BF16]
 

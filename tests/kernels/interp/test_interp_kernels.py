@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from interp_helpers import BF16, as_bf16, randn
 from vllm_gdn_neuron.kernels.interp import nisa, nki, nl
+
+from .interp_helpers import BF16, as_bf16, randn
 
 
 @nki.jit

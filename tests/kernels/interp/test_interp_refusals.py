@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from interp_helpers import BF16, run
 from vllm_gdn_neuron.kernels.interp import NkiCapacityError, NkiHardwareError, nisa, nl
 from vllm_gdn_neuron.kernels.interp.tensor import Tensor
+
+from .interp_helpers import BF16, run
 
 
 def _refused(build, match):

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from interp_helpers import BF16, as_bf16, load, randn, run, store
 from vllm_gdn_neuron.kernels.interp import NkiHardwareError, nisa, nki, nl
+
+from .interp_helpers import BF16, as_bf16, load, randn, run, store
 
 
 def test_slices_and_ds_views_write_through_to_the_parent_tile():

@@ -12,11 +12,12 @@ written from the pinned fork's source (whn09/vllm-neuron @
   (``tests/neuron/runner.py``).
 
 vLLM finds it as a platform plugin (entry point group ``vllm.platform_plugins``, name
-``neuron``, declared by the ``vllm_neuron_standin-*.dist-info`` folder beside this package,
-which is on ``sys.path`` wherever ``tests/neuron`` is) and activates it only when
-``VLLM_NEURON_STANDIN=1``; otherwise vLLM's CPU platform is chosen as usual. vLLM picks its
-platform once per process, so a test that needs this one runs vLLM in a fresh process
-(``tests/neuron/engine_process.py``).
+``neuron``, declared by the ``vllm_neuron_standin-*.dist-info`` folder beside this package;
+pytest's configured ``pythonpath`` puts ``tests/neuron`` on ``sys.path``) and activates it only
+when ``VLLM_NEURON_STANDIN=1``; otherwise vLLM's CPU platform is chosen as usual. vLLM picks its
+platform once per process, so a test that needs this one runs vLLM in a fresh process with
+``tests/neuron`` and the repository root on ``PYTHONPATH`` (the worker imports the runner
+harness as ``tests.neuron.runner``): ``tests/neuron/front_end.py``, ``test_engine_serving.py``.
 
 The package keeps vllm-neuron's module names so that everything the real stack does by name
 works unchanged: the class paths the platform writes into vLLM's config, and the plugin's

@@ -47,7 +47,7 @@ from enum import Enum
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-import standin_stats
+from tests.neuron import standin_stats
 
 # Under vLLM's logger, so that its handler prints these lines in the engine's log.
 logger = logging.getLogger(f"vllm.{__name__}")

@@ -64,11 +64,9 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, LogprobsLists, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
-import runner_cache
-import runner_vision
-import standin_stats
-from runner import (EngineSettings, GraphRecorder, NeuronRunnerStandIn, Request, Sampling, block_table_width,
-                    symbolic_graphs)
+from tests.neuron import runner_cache, runner_vision, standin_stats
+from tests.neuron.runner import (EngineSettings, GraphRecorder, NeuronRunnerStandIn, Request, Sampling,
+                                 block_table_width, symbolic_graphs)
 
 # Under vLLM's logger, so that its handler prints these lines in the engine's log.
 logger = logging.getLogger(f"vllm.{__name__}")

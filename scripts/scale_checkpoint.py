@@ -1,8 +1,8 @@
 """The trained tiny checkpoint at a larger per-step cost, computing the same function.
 
-    python configs/scale_checkpoint.py SRC DST --layers 24              # 24 decoder layers
-    python configs/scale_checkpoint.py SRC DST --value-head-dim 32      # GDN value heads of 32
-    python configs/scale_checkpoint.py SRC DST --key-head-dim 64 --value-head-dim 64   # what vLLM's C++ GDN kernels take
+    python scripts/scale_checkpoint.py SRC DST --layers 24              # 24 decoder layers
+    python scripts/scale_checkpoint.py SRC DST --value-head-dim 32      # GDN value heads of 32
+    python scripts/scale_checkpoint.py SRC DST --key-head-dim 64 --value-head-dim 64   # what vLLM's C++ GDN kernels take
 
 Speculative decoding pays off when a forward of the target costs much more than one of the
 drafter. The trained tiny model (4 decoder layers, hidden 64) is too small for that: a decode

@@ -1,9 +1,11 @@
 """Train a tiny Qwen3.5 with its multi-token-prediction head on a synthetic corpus.
 
-    python configs/train_tiny_mtp.py                          # -> configs/trained/qwen3_5-tiny-mtp (13.5 min at load 9)
-    python configs/train_tiny_mtp.py --out /tmp/m --steps 50  # a quick, worse one elsewhere
-    python configs/train_tiny_mtp.py --evaluate-only          # the committed checkpoint's metrics again
-    python configs/train_tiny_mtp.py --qwen3-next-out /tmp/q  # the same weights in the Qwen3-Next layout
+Run from the repository root (it imports its siblings in ``scripts/``)::
+
+    python -m scripts.train_tiny_mtp                          # -> configs/trained/qwen3_5-tiny-mtp (13.5 min at load 9)
+    python -m scripts.train_tiny_mtp --out /tmp/m --steps 50  # a quick, worse one elsewhere
+    python -m scripts.train_tiny_mtp --evaluate-only          # the committed checkpoint's metrics again
+    python -m scripts.train_tiny_mtp --qwen3-next-out /tmp/q  # the same weights in the Qwen3-Next layout
 
 The model has the tiny random model's shapes (``build_tiny_models._COMMON``: hidden 64,
 three GatedDeltaNet layers and one gated-attention layer, GDN heads 2/4 with Dk 32 != Dv
@@ -32,12 +34,10 @@ import argparse
 import json
 import pathlib
 import random
-import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import build_tiny_models as builder  # noqa: E402
-import mtp_reference  # noqa: E402
+from scripts import build_tiny_models as builder
+from scripts import mtp_reference
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NAME = "qwen3_5-tiny-mtp"

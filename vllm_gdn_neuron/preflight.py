@@ -1,4 +1,4 @@
-"""A checkpoint as ``vllm-gdn-serve`` sees it before vLLM starts: what it is, and what it costs.
+"""The checks ``vllm-gdn-serve`` runs on a checkpoint before vLLM starts: what it is, and what it costs.
 
 :func:`load_checkpoint` reads ``config.json`` (a local folder, or a Hugging Face repo id
 whose config alone is fetched) and refuses, with one :class:`CheckpointError` line, a
@@ -18,13 +18,15 @@ import json
 import pathlib
 import types
 
-from vllm_gdn_neuron.plugin import ARCHITECTURES
 from vllm_gdn_neuron.model.dims import (ModelDims, check_layer_types, config_layer_types, count_vision_weights,
                                          count_weights)
+from vllm_gdn_neuron.plugin import ARCHITECTURES
+from vllm_gdn_neuron.units import DTYPE_BYTES
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: The dtypes a checkpoint's weights are served in.
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 # The recurrent state is float32 in vLLM's CPU cache (its CPU platform forces it).
-RECURRENT_STATE_BYTES = 4
+RECURRENT_STATE_BYTES = DTYPE_BYTES["float32"]
 
 
 class CheckpointError(ValueError):
@@ -119,8 +121,8 @@ def check_servable(checkpoint: Checkpoint, quantization_config: dict | None) -> 
     quantization = (quantization_config or {}).get("quant_method", "unknown") if quantization_config else None
     check_gdn_config(checkpoint.text, tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto",
                      quantization=quantization)
-    if checkpoint.dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}; got {checkpoint.dtype!r}")
+    if checkpoint.dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(WEIGHT_DTYPES)}; got {checkpoint.dtype!r}")
     check_layer_types(checkpoint.text)
 
 
@@ -195,7 +197,7 @@ def weight_bytes(text, dtype: str) -> int:
 
 def vision_weight_bytes(checkpoint: Checkpoint, dtype: str) -> int:
     """Bytes of the vision tower's weights in ``dtype`` (0 for a text-only checkpoint):
-    ``layers.dims.count_vision_weights`` of its ``vision_config``."""
+    ``model.dims.count_vision_weights`` of its ``vision_config``."""
     if checkpoint.vision is None:
         return 0
     return count_vision_weights({**_VISION_DEFAULTS, **checkpoint.vision}) * DTYPE_BYTES[dtype]

@@ -1,8 +1,8 @@
 """Build random-weight Qwen3.5 / Qwen3-Next checkpoints (tiny, and real per-layer dims) with a local tokenizer.
 
-    python configs/build_tiny_models.py                 # all tiny models into configs/tiny-models/
-    python configs/build_tiny_models.py --only qwen3_5-dense --out /tmp/models
-    python configs/build_tiny_models.py --only qwen3-next-real --layers 4 --experts 8 --out /tmp/models
+    python scripts/build_tiny_models.py                 # all tiny models into configs/tiny-models/
+    python scripts/build_tiny_models.py --only qwen3_5-dense --out /tmp/models
+    python scripts/build_tiny_models.py --only qwen3-next-real --layers 4 --experts 8 --out /tmp/models
 
 Each model is a Hugging Face checkpoint folder (config.json, sharded bf16 safetensors,
 tokenizer with a ChatML chat template), built by transformers' own model classes so
@@ -245,14 +245,10 @@ DIMENSION_KEYS = (
     "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok", "rms_norm_eps",
     "tie_word_embeddings",
 )
-# Published fields that transformers' config classes do not default to. Qwen3_5TextConfig's
-# defaults are a 9B-style model; Qwen/Qwen3.5-2B's config.json has these instead. Both
-# published Qwen3.5 configs use rope_theta 1e7 (the classes default to 1e4) and 262,144
-# positions.
-QWEN3_5_2B_FIELDS = dict(
-    hidden_size=2048, intermediate_size=6144, num_attention_heads=8, num_key_value_heads=2,
-    linear_num_value_heads=16, tie_word_embeddings=True,
-)
+# Published fields that transformers' config classes do not default to: Qwen3_5TextConfig's
+# defaults are a 9B-style model, and Qwen/Qwen3.5-2B's own fields are the plugin's sizing table's
+# (``vllm_gdn_neuron.sizing.PUBLISHED``). Both published Qwen3.5 configs use rope_theta 1e7 (the
+# classes default to 1e4) and 262,144 positions.
 PUBLISHED_ROPE = {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}
 PUBLISHED_MAX_POSITIONS = 262_144
 
@@ -262,14 +258,18 @@ def published_dims(name: str) -> dict:
 
     Read from transformers' config classes: ``Qwen3_5MoeTextConfig()`` defaults are
     Qwen3.5-35B-A3B's (its documented checkpoint); Qwen3.5-2B is ``Qwen3_5TextConfig()``
-    with ``QWEN3_5_2B_FIELDS``. ``qwen3-next-real`` takes the 35B-A3B fields, which equal
+    with the 2B's fields of ``vllm_gdn_neuron.sizing.PUBLISHED`` (its layer count aside: a
+    real-dims checkpoint has ``REAL_LAYERS``). ``qwen3-next-real`` takes the 35B-A3B fields, which equal
     Qwen3-Next-80B-A3B's per-layer dims (``Qwen3NextConfig()``) but for the expert count,
     top-k and vocabulary.
     """
     import transformers as tf
 
+    from vllm_gdn_neuron.sizing import PUBLISHED
+
     if name == "qwen3_5-2b-real":
-        defaults, extra = tf.Qwen3_5TextConfig(), QWEN3_5_2B_FIELDS
+        _, fields, _ = PUBLISHED["Qwen/Qwen3.5-2B"]
+        defaults, extra = tf.Qwen3_5TextConfig(), {k: v for k, v in fields.items() if k != "num_hidden_layers"}
     elif name in ("qwen3_5-35b-a3b-real", "qwen3-next-real"):
         defaults, extra = tf.Qwen3_5MoeTextConfig(), {}
     else:

@@ -9,7 +9,7 @@ import contextlib
 import gc
 import os
 
-from oracle import in_subprocess
+from .oracle import in_subprocess
 
 # In-process engine (no engine-core subprocess): starts in seconds, and this process
 # sees the engine's errors directly.

@@ -16,7 +16,7 @@ place of ``h`` and on the previous draft token; its attention sees the step-1 en
 positions <= t and the chain's own earlier steps, which is what a drafter's KV cache holds.
 
 This is the reference MTP head of the tests and the model the trainer
-(``configs/train_tiny_mtp.py``) optimises; it is written from the published design and
+(``scripts/train_tiny_mtp.py``) optimises; it is written from the published design and
 transformers' modules only (nothing of the plugin's or vLLM's code).
 
 Dimensions used below: B batch, T tokens, E chain elements, H hidden size, V vocabulary.

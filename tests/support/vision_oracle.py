@@ -6,7 +6,7 @@ import io
 
 import torch
 
-from oracle import _generate
+from .oracle import _generate
 
 
 def noise_image(width: int, height: int, seed: int):
