@@ -14,6 +14,7 @@ from ops_testing import assert_matches, make_gdn_inputs
 from paged_testing import changed_pages
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.phases import backend_module
 from vllm_gdn_neuron.kernels.reference import causal_conv1d_step, gdn_recurrence
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -127,7 +128,7 @@ def test_gdn_verify_matches_token_by_token_oracle(hk, hv, dk, dv, dtype, min_g, 
                              with_state=False, seed=3)
     names = ("q", "k", "v", "g", "beta")
 
-    o = ops.paged_gdn_verify(*(inputs[n] for n in names), ssm, step, use_qk_l2norm=True, backend=backend)
+    o = backend_module(backend).paged_gdn_verify(*(inputs[n] for n in names), ssm, step, use_qk_l2norm=True)
 
     assert o.dtype == dtype and o.shape == inputs["v"].shape
     state_dtype = dtype if ssm_dtype == F32 else BF16
@@ -162,8 +163,8 @@ def test_verify_row_of_one_token_equals_a_decode_step():
 
     y = ops.paged_conv1d_verify(x, weight, conv, verify)
     o = ops.paged_gdn_verify(*(inputs[n] for n in names), ssm, verify, use_qk_l2norm=True)
-    y_dec = ops.paged_conv1d_decode(x, weight, conv_dec, decode, backend="torch")
-    o_dec = ops.paged_gdn_decode(*(inputs[n] for n in names), ssm_dec, decode, use_qk_l2norm=True, backend="torch")
+    y_dec = ops.paged_conv1d_decode(x, weight, conv_dec, decode)
+    o_dec = ops.paged_gdn_decode(*(inputs[n] for n in names), ssm_dec, decode, use_qk_l2norm=True)
 
     torch.testing.assert_close(y, y_dec, rtol=0, atol=1e-6)
     torch.testing.assert_close(o, o_dec, rtol=0, atol=1e-6)
