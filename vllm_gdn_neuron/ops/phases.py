@@ -103,7 +103,7 @@ TORCH_PHASES = GDNPhases.bind(dict.fromkeys(PHASES, "torch"), dict.fromkeys(PHAS
 _logged: set = set()
 
 
-def _nki_runs_here() -> bool:
+def nki_runs_here() -> bool:
     """The NKI kernels run on the real Neuron SDK here (not the CPU interpreter)."""
     try:
         from .backends import nki
@@ -144,7 +144,7 @@ def resolve_phases(gdn: GdnShape, conv: ConvShape, device_type: str) -> GDNPhase
     elif override == "vllm_cpu":
         chosen = _from_choices(_vllm_cpu_choices(gdn, conv, _refusal_choice))
     elif device_type in NEURON_DEVICE_TYPES:
-        name, reason = ("nki", f"on {device_type}") if _nki_runs_here() else (
+        name, reason = ("nki", f"on {device_type}") if nki_runs_here() else (
             "torch", f"on {device_type} without the Neuron SDK's nki")
         chosen = GDNPhases.bind(dict.fromkeys(PHASES, name), dict.fromkeys(PHASES, reason))
     elif device_type == "cpu":
