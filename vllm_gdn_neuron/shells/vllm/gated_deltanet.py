@@ -259,7 +259,6 @@ def engine_step(metadata, num_pages: int) -> StepParts:
     if _last_step[0] is metadata:
         return _last_step[1]
     verify = decode = prefill = order = None
-    decode_pages = prefill_args = verify_args = None
     if metadata.num_spec_decodes:
         n = metadata.num_spec_decodes
         verify_args = (metadata.spec_query_start_loc[: n + 1], metadata.spec_state_indices_tensor[:n],
@@ -275,15 +274,7 @@ def engine_step(metadata, num_pages: int) -> StepParts:
         prefill_args = (metadata.prefill_query_start_loc[: n + 1], metadata.prefill_state_indices[:n],
                         metadata.prefill_has_initial_state[:n])
         prefill = ops.PrefillStep.build(*prefill_args, metadata.num_prefill_tokens, exact_plan=True)
-    ops.check_step(
-        num_pages, PAD_PAGE, decode_pages=decode_pages,
-        prefill_query_start_loc=prefill_args[0] if prefill_args else None,
-        prefill_pages=prefill_args[1] if prefill_args else None,
-        prefill_has_state=prefill_args[2] if prefill_args else None,
-        num_prefill_tokens=metadata.num_prefill_tokens if prefill_args else None,
-        **(dict(zip(("verify_query_start_loc", "verify_pages", "verify_num_accepted", "num_verify_tokens"),
-                    verify_args)) if verify_args else {}),
-    )
+    ops.check_step(num_pages, PAD_PAGE, decode=decode, prefill=prefill, verify=verify)
     parts = StepParts(verify, decode, prefill, order)
     _last_step[:] = [metadata, parts]
     return parts
