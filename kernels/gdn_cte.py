@@ -28,10 +28,10 @@ import torch
 from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
                      check_positive_int, check_rank, check_same_dtype, check_shape, check_slots)
 from .chunked import Masks, advance, schur_levels
+from .l2norm import L2NORM_EPS  # x * rsqrt(sum(x^2) + eps), docs/gdn-math.md section 1
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 from .nki_call import NkiOp, device_constant, index_tensor
 from .nki_compat import nki, nisa, nl
-from .reference.norms import L2NORM_EPS  # x * rsqrt(sum(x^2) + eps), docs/gdn-math.md section 1
 
 ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}

@@ -33,7 +33,7 @@ import torch
 
 from vllm_gdn_neuron.kernels import adapter
 from vllm_gdn_neuron.kernels.nki_compat import using_interpreter
-from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
+from vllm_gdn_neuron.kernels.l2norm import l2norm
 
 from .. import paged
 from ..step import DecodeStep, PrefillStep
@@ -46,14 +46,8 @@ def is_available():
     return not using_interpreter
 
 
-def _l2norm(x):
-    """``x * rsqrt(sum(x^2) + 1e-6)`` over the head axis in fp32, back in ``x``'s dtype."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
-
-
 def _normalised(q, k, use_qk_l2norm):
-    return (_l2norm(q), _l2norm(k)) if use_qk_l2norm else (q, k)
+    return (l2norm(q), l2norm(k)) if use_qk_l2norm else (q, k)
 
 
 def _bounds(cu_seqlens):

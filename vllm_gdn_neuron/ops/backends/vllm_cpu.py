@@ -22,7 +22,7 @@ dimension only), so q / k / v views of the layer's packed conv output go in with
 
 import torch
 
-from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
+from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
 
 from .. import paged
 from ..step import DecodeStep, PrefillStep, VerifyStep

@@ -2,15 +2,14 @@
 
 import torch
 
-from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
+from vllm_gdn_neuron.kernels.l2norm import l2norm_factor
 
 
 def qk_factors(x, scale, use_qk_l2norm):
     """The per-row factor that L2-normalises (if asked) and scales float32 ``x [..., D]``: ``[..., 1]``."""
     if not use_qk_l2norm:
         return torch.full_like(x[..., :1], scale)
-    squares = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_()
-    return squares.add_(L2NORM_EPS).rsqrt_().mul_(scale)
+    return l2norm_factor(x).mul_(scale)
 
 
 def prepare_qk(q, k, scale, use_qk_l2norm):
