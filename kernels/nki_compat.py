@@ -1,16 +1,21 @@
 """The one import seam between kernels and NKI.
 
 ``from vllm_gdn_neuron.kernels.nki_compat import nki, nl, nisa`` gives the real Neuron
-Kernel Interface when it is importable (trn2 images with the Neuron SDK) and the project's
-CPU interpreter (:mod:`vllm_gdn_neuron.kernels.interp`) otherwise, so one kernel source
-runs unchanged on both. ``VLLM_GDN_NKI_INTERPRET=1`` forces the interpreter.
-``using_interpreter`` says which one was chosen (decided once, at import).
+Kernel Interface when it is importable (trn2 images with the Neuron SDK). The project's CPU
+interpreter (:mod:`vllm_gdn_neuron.kernels.interp`) serves instead only where a program opted
+in by importing it before the kernels (the tests, the cost-model benchmarks): no serving
+module imports it. ``VLLM_GDN_NKI_INTERPRET=1`` (read here, once: the kernels import nothing
+of the package) prefers that interpreter to the SDK. One kernel source runs unchanged on both;
+``using_interpreter`` says which one was chosen (decided once, at import). With neither,
+importing a kernel raises ImportError saying so.
 """
 
 import importlib
 import os
+import sys
 
 ENV_FORCE_INTERPRETER = "VLLM_GDN_NKI_INTERPRET"
+INTERPRETER = "vllm_gdn_neuron.kernels.interp"
 
 
 def _real_nki():
@@ -34,11 +39,13 @@ def _select():
         found = _real_nki()
         if found is not None:
             return (*found, False)
-    from .interp import nki as interp_nki, nisa as interp_nisa, nl as interp_nl
-
-    return interp_nki, interp_nl, interp_nisa, True
+    interpreter = sys.modules.get(INTERPRETER)
+    if interpreter is None:
+        raise ImportError(f"the NKI kernels need the Neuron SDK's nki, not importable here, or the CPU interpreter: "
+                          f"import {INTERPRETER} before the kernels to run them interpreted")
+    return interpreter.nki, interpreter.nl, interpreter.nisa, True
 
 
 nki, nl, nisa, using_interpreter = _select()
 
-__all__ = ["nki", "nl", "nisa", "using_interpreter", "ENV_FORCE_INTERPRETER"]
+__all__ = ["nki", "nl", "nisa", "using_interpreter", "ENV_FORCE_INTERPRETER", "INTERPRETER"]

@@ -6,6 +6,10 @@ import tempfile
 
 import pytest
 
+# The NKI kernels run in the project's CPU interpreter where the Neuron SDK is absent (an explicit
+# opt-in: no serving module imports it).
+import vllm_gdn_neuron.kernels.interp  # noqa: F401
+
 # vLLM writes model-inspection caches and compile artefacts under VLLM_CACHE_ROOT; keep
 # them out of the user's home and away from other runs, and, under pytest-xdist, each
 # worker's away from the other's.

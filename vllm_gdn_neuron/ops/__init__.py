@@ -11,7 +11,7 @@ whose values ``check_step`` validates on the host once per step.
 """
 
 from .conv1d import conv1d_decode, conv1d_prefill
-from .gdn import gdn2_prefill, gdn_decode, gdn_prefill
+from .gdn import gdn_decode, gdn_prefill
 from .paged import (
     paged_conv1d_decode,
     paged_conv1d_prefill,
@@ -32,7 +32,6 @@ __all__ = [
     "check_step",
     "conv1d_decode",
     "conv1d_prefill",
-    "gdn2_prefill",
     "gdn_decode",
     "gdn_prefill",
     "paged_conv1d_decode",

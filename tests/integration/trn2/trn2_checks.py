@@ -195,6 +195,7 @@ def op_cases(device, backend: str) -> dict:
     from vllm_gdn_neuron import ops
     from vllm_gdn_neuron.kernels import reference
     from vllm_gdn_neuron.ops import phases
+    from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill as gdn2_op
 
     def compare(what, actual, expected, dtype):
         expected = expected.double()
@@ -265,7 +266,7 @@ def op_cases(device, backend: str) -> dict:
         gen = torch.Generator().manual_seed(7)
         g, beta = -20.0 * torch.rand(71, 4, 32, generator=gen), torch.rand(71, 4, 32, generator=gen)
         w, state = torch.rand(71, 4, 16, generator=gen), torch.randn(2, 4, 32, 16, generator=gen)
-        o, final = ops.gdn2_prefill(*on(q, k, v, g, beta, w, lengths), initial_state=state.to(device),
+        o, final = gdn2_op(*on(q, k, v, g, beta, w, lengths), initial_state=state.to(device),
                                     use_qk_l2norm=True, backend=backend)
         o_ref, final_ref = reference.gdn2_recurrence(q, k, v, g, beta, w, lengths, state, use_qk_l2norm=True)
         return [compare("o", o, o_ref, dtype), compare("final state", final, final_ref, dtype)]

@@ -23,10 +23,9 @@ Mapping (zero-length sequences pass their state through):
   gathered and written back.
 - ``conv1d_prefill``: one bucket launch ``[B, C, T_max]`` with the sequence lengths as a tensor;
   the initial states sit in the returned final-state buffer.
-- ``gdn2_prefill``: the GDN-2 kernel on the packed tokens (boundaries at compile time).
 
 With ``use_qk_l2norm``, prefill normalises q and k on chip (``gdn_cte``'s own L2 norm; the
-zero padding rows stay zero); decode and GDN-2 normalise here, in float32.
+zero padding rows stay zero); decode normalises here, in float32.
 """
 
 import torch
@@ -113,13 +112,6 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     args = (q.contiguous(), k.contiguous(), v.float().contiguous(), g.contiguous(), beta.contiguous())
     out = _in_place(state, state_indices, lambda cache, slots: adapter.gdn_decode(*args, cache, slots, scale))
     return out.to(out_dtype)
-
-
-def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    q, k = _normalised(q, k, use_qk_l2norm)
-    return adapter.gdn2_prefill(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-                                None if w is None else w.contiguous(), cu_seqlens.tolist(),
-                                None if initial_state is None else initial_state.contiguous(), scale)
 
 
 def conv1d_prefill(x, weight, cu_seqlens, initial_state, activation):
