@@ -11,9 +11,11 @@ import torch
 L2NORM_EPS = 1e-6
 
 
-def l2norm_factor(x):
-    """``rsqrt(sum(x^2) + eps)`` over the last axis of float32 ``x [..., D]``: ``[..., 1]`` float32."""
-    return torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+def l2norm_factor(x, scale=1.0):
+    """``scale * rsqrt(sum(x^2) + eps)`` over the last axis of float32 ``x [..., D]``: ``[..., 1]``
+    float32 (a scale folds into the factor: one multiply of ``x``)."""
+    factor = torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+    return factor if scale == 1.0 else factor.mul_(scale)
 
 
 def l2norm(x):

@@ -23,12 +23,13 @@ factors <= 1, and the diagonal sub-chunk blocks take the pairwise exp per channe
 
 import torch
 
+from vllm_gdn_neuron.kernels.l2norm import l2norm_factor
+
 from .chunk_layout import ChunkLayout, VarlenChunkLayout
-from .common import qk_factors
 from .triangular import unit_lower_inverse
 
-#: Chunk sizes C. Scalar gates: 32 measured faster than 64 (less C x C work, C x D operands of
-#: the same total size per block); channel-wise gates keep 64.
+#: Chunk size C: with scalar gates 32 is faster than 64 (less C x C work, C x D operands of the
+#: same total size per block); GDN-2's channel-wise gates keep 64 (``ops.gdn2.chunked``).
 GDN_CHUNK_SIZE = 32
 #: Chunks whose intra-chunk tensors are built together: bounds the temporaries (and keeps them
 #: closer to cache; 8 chunks x 16 heads x 32 x 128 fp32 = 2 MiB a tensor).
@@ -161,9 +162,11 @@ def chunked_scan(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm
     out = v.new_zeros(layout.num_tokens + 1, num_v_heads, dim_v)  # not empty: XLA takes no tensor.empty
     for lo, hi, steps in layout.blocks(block_chunks):
         chunk_q, chunk_k, chunk_v = (layout.gather(x, lo, hi) for x in (q, k, v))
-        chunk_q.mul_(qk_factors(chunk_q, scale, use_qk_l2norm))
         if use_qk_l2norm:
-            chunk_k.mul_(qk_factors(chunk_k, 1.0, True))
+            chunk_q.mul_(l2norm_factor(chunk_q, scale))
+            chunk_k.mul_(l2norm_factor(chunk_k))
+        else:
+            chunk_q.mul_(scale)
         chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gates]
         u, w, decayed_q, p, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
         o = torch.zeros_like(u)  # not empty: XLA takes no tensor.empty (the scan writes it by slices)
