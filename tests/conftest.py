@@ -24,6 +24,16 @@ os.environ["VLLM_CACHE_ROOT"] = os.path.join(_cache_root, os.environ.get("PYTEST
 ENGINE_FOLDERS = ("tests/e2e/", "tests/integration/", "tests/neuron/test_engine_serving.py")
 
 
+@pytest.fixture(autouse=True)
+def gdn_backend_read_afresh():
+    """The public GDN ops read ``VLLM_GDN_BACKEND`` once per process: each test starts as a fresh
+    process would, reading what it set."""
+    from vllm_gdn_neuron.ops import dispatch
+
+    dispatch.env_override.cache_clear()
+    yield
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's default (``--dist load``) with ``ENGINE_FOLDERS`` as one unit; another ``--dist``

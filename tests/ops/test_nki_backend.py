@@ -6,10 +6,10 @@ import torch
 from ops_testing import assert_matches, make_gdn_inputs
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
 from vllm_gdn_neuron.ops import dispatch
 from vllm_gdn_neuron.ops.backends import nki as nki_backend
+from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -106,6 +106,7 @@ def test_selection_env_override_and_auto(monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "nki")
     assert dispatch.select_backend("auto", "gdn_prefill", cpu) is nki_backend
     monkeypatch.delenv(dispatch.ENV_VAR)
+    dispatch.env_override.cache_clear()  # read once per process: a new process without the variable
     # the interpreter is not a Neuron device: auto keeps torch here
     assert nki_backend.is_available() is False
     assert dispatch.select_backend("auto", "gdn_prefill", cpu) is not nki_backend

@@ -91,6 +91,13 @@ def _nki_is_usable(device):
     return _is_available("nki")
 
 
+@functools.cache
+def env_override() -> str:
+    """``$VLLM_GDN_BACKEND`` (``"auto"`` when unset), read once per process, at the first public
+    op call under ``backend="auto"``."""
+    return envs.gdn_backend()
+
+
 def _check_name(argument, name):
     if name not in BACKENDS:
         raise ValueError(f"{argument}: expected one of {('auto',) + BACKENDS}, got {name!r}")
@@ -110,7 +117,7 @@ def select_backend(backend, op_name, device):
         either has a function named ``op_name``.
     """
     if backend == "auto":
-        override = envs.gdn_backend()
+        override = env_override()
         if override != "auto":
             _check_name(ENV_VAR, override)
             module = load_backend(override)
