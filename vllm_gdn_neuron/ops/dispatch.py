@@ -22,10 +22,9 @@ import torch
 from vllm_gdn_neuron import envs
 
 from .auto import Choice, GdnShape, choose
+from .phases import BACKENDS, NEURON_DEVICE_TYPES
 
-BACKENDS = ("torch", "nki", "vllm_cpu")
 ENV_VAR = envs.GDN_BACKEND
-NEURON_DEVICE_TYPES = ("xla", "neuron")
 
 
 def _gdn_shape(q, v, scale, ssm_dtype):

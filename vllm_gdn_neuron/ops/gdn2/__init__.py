@@ -20,18 +20,15 @@ from . import chunked
 F32 = (torch.float32,)
 STATE_LAYOUTS = ("kv", "vk")
 BACKENDS = ("auto", "torch", "nki")
-NEURON_DEVICE_TYPES = ("xla", "neuron")
 
 
 def _backend(backend, device):
     check_choice("backend", backend, BACKENDS)
     if backend != "auto":
         return backend
-    if device.type in NEURON_DEVICE_TYPES:
-        from ..phases import nki_runs_here
+    from ..phases import NEURON_DEVICE_TYPES, nki_runs_here
 
-        return "nki" if nki_runs_here() else "torch"
-    return "torch"
+    return "nki" if device.type in NEURON_DEVICE_TYPES and nki_runs_here() else "torch"
 
 
 def _nki_gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm):
