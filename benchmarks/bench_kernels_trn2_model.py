@@ -27,6 +27,7 @@ os.environ.setdefault("VLLM_GDN_NKI_INTERPRET", "1")  # the cost model lives in 
 
 import torch  # noqa: E402
 
+import vllm_gdn_neuron.kernels.interp  # noqa: E402,F401  (the interpreter serves the kernels: opt in first)
 from vllm_gdn_neuron.kernels.conv1d import gdn_conv1d_decode, gdn_conv1d_prefill  # noqa: E402
 from vllm_gdn_neuron.kernels.gdn2 import gdn2_chunked  # noqa: E402
 from vllm_gdn_neuron.kernels.gdn_cte import gdn_cte  # noqa: E402

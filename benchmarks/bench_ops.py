@@ -51,7 +51,7 @@ from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
 from vllm_gdn_neuron.ops.dispatch import ENV_VAR
 from vllm_gdn_neuron.ops.layer_backends import layer_backends
-from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
+from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
 
 try:
     from transformers.models.qwen3_5 import modeling_qwen3_5 as hf

@@ -64,7 +64,7 @@ def _runs(a):
         recurrent.gdn_decode(*gdn, a["slots"], scale, True)
 
     def check_step():
-        ops.check_step(a["ssm"].shape[0], 0, decode_pages=a["slots"])
+        ops.check_step(a["ssm"].shape[0], 0, decode=step)
 
     return dict(public=public, paged=paged, backend=backend, check_step=check_step)
 

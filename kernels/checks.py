@@ -5,6 +5,8 @@ any kernel instruction runs. Arrays may be NumPy arrays or torch tensors.
 """
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+#: Dk and Dv at most one partition tile (what a model shell checks at start-up, without NKI).
+MAX_HEAD_DIM = 128
 
 
 def dtype_name(array):

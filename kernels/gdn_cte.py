@@ -25,18 +25,17 @@ from . import tiles as tl
 import numpy as np
 import torch
 
-from .checks import (FLOAT_DTYPES, check_at_most, check_choice, check_dtype, check_multiple,
+from .checks import (FLOAT_DTYPES, MAX_HEAD_DIM, check_at_most, check_choice, check_dtype, check_multiple,
                      check_positive_int, check_rank, check_same_dtype, check_shape, check_slots)
 from .chunked import Masks, advance, schur_levels
+from .l2norm import L2NORM_EPS  # x * rsqrt(sum(x^2) + eps), docs/gdn-math.md section 1
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, N_MASKS, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 from .nki_call import NkiOp, device_constant, index_tensor
 from .nki_compat import nki, nisa, nl
-from .reference.norms import L2NORM_EPS  # x * rsqrt(sum(x^2) + eps), docs/gdn-math.md section 1
 
 ALGORITHMS = ("schur", "neumann")
 CHUNK_OF = {"schur": CHUNK, "neumann": 64}
 NEUMANN_FIRST_SCHUR_LEVEL = 4  # the 16 x 16 blocks come from Neumann products; levels 16, 32 remain
-MAX_HEAD_DIM = 128
 MAX_GROUP_SIZE = 16  # 16 chunks in flight: ~136 KiB of 192 KiB SBUF per partition at Dk = Dv = 128, fp32
 
 

@@ -15,16 +15,10 @@ source token on the partition axis, destination token on the free axis (see mask
 
 import torch
 
+from .l2norm import l2norm
 from .mask_pack import BLOCK_DIAG_16, CHUNK, IDENTITY, LEVEL_MASK, STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
-from .reference.norms import L2NORM_EPS
 
 NEUMANN_CHUNK = 64
-
-
-def _l2_normalised(x):
-    """``x * rsqrt(sum(x^2) + eps)`` per row in fp32, back in ``x``'s dtype."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
 def _mm(stationary, moving, dtype=torch.float32):
@@ -139,7 +133,7 @@ def gdn_cte_torch(query, key, value, g_log, beta, scale=1.0, algorithm="schur", 
     del group_size
     cdt = query.dtype
     if use_qk_l2norm:
-        query, key = (_l2_normalised(x) for x in (query, key))
+        query, key = (l2norm(x) for x in (query, key))
     pack = torch.as_tensor(build_mask_pack() if mask_pack is None else mask_pack, dtype=torch.float32)
     chunk = CHUNK if algorithm == "schur" else NEUMANN_CHUNK
     b_size, hk, s_len, dk = query.shape

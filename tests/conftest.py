@@ -6,6 +6,10 @@ import tempfile
 
 import pytest
 
+# The NKI kernels run in the project's CPU interpreter where the Neuron SDK is absent (an explicit
+# opt-in: no serving module imports it).
+import vllm_gdn_neuron.kernels.interp  # noqa: F401
+
 # vLLM writes model-inspection caches and compile artefacts under VLLM_CACHE_ROOT; keep
 # them out of the user's home and away from other runs, and, under pytest-xdist, each
 # worker's away from the other's.
@@ -18,6 +22,16 @@ os.environ["VLLM_CACHE_ROOT"] = os.path.join(_cache_root, os.environ.get("PYTEST
 #: real-dims engine or oracle holds 3-8 GiB; a server derives its cache from the memory free at
 #: its start), while the other worker runs the rest test by test.
 ENGINE_FOLDERS = ("tests/e2e/", "tests/integration/", "tests/neuron/test_engine_serving.py")
+
+
+@pytest.fixture(autouse=True)
+def gdn_backend_read_afresh():
+    """The public GDN ops read ``VLLM_GDN_BACKEND`` once per process: each test starts as a fresh
+    process would, reading what it set."""
+    from vllm_gdn_neuron.ops import dispatch
+
+    dispatch.env_override.cache_clear()
+    yield
 
 
 @pytest.hookimpl(optionalhook=True)

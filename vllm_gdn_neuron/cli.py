@@ -30,11 +30,10 @@ import ast
 import dataclasses
 import importlib.metadata
 import json
-import os
 import pathlib
 import sys
 
-from vllm_gdn_neuron import cpu_memory
+from vllm_gdn_neuron import cpu_memory, envs
 from vllm_gdn_neuron.preflight import (
     Checkpoint,
     CheckpointError,
@@ -127,9 +126,9 @@ def given_settings(args: list[str]) -> dict[str, str | None]:
     return settings
 
 
-MEMORY_ENV = "VLLM_GDN_SERVE_MEMORY_GIB"
+MEMORY_ENV = envs.SERVE_MEMORY_GIB
 # vLLM's CPU platform takes the cache size from this (GiB) over --kv-cache-memory-bytes.
-KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+KVCACHE_SPACE_ENV = envs.CPU_KVCACHE_SPACE
 
 
 def available_memory(root: pathlib.Path | str = "/") -> tuple[int, str]:
@@ -139,11 +138,12 @@ def available_memory(root: pathlib.Path | str = "/") -> tuple[int, str]:
     ``MemAvailable`` of ``/proc/meminfo``, or the cgroup's limit less its usage where
     that is smaller (a container).
     """
-    if os.environ.get(MEMORY_ENV):
+    given = envs.value(MEMORY_ENV)
+    if given:
         try:
-            return int(float(os.environ[MEMORY_ENV]) * GiB), MEMORY_ENV
+            return int(float(given) * GiB), MEMORY_ENV
         except ValueError:
-            raise CheckpointError(f"{MEMORY_ENV} must be a number of GiB; got {os.environ[MEMORY_ENV]!r}") from None
+            raise CheckpointError(f"{MEMORY_ENV} must be a number of GiB; got {given!r}") from None
     root = pathlib.Path(root)
     try:
         available, source = cpu_memory.machine_memory(root).available, "MemAvailable"
@@ -167,7 +167,7 @@ def worker_nodes(given: dict[str, str | None], root: pathlib.Path | str = "/") -
         CheckpointError: a thread binding vLLM's CPU executor would refuse.
     """
     try:
-        return cpu_memory.worker_nodes(cpu_memory.read_topology(root), world_size(given), os.environ)
+        return cpu_memory.worker_nodes(cpu_memory.read_topology(root), world_size(given), envs.environment())
     except cpu_memory.PlacementError as error:
         raise CheckpointError(str(error)) from None
 
@@ -247,8 +247,9 @@ def given_cache(given: dict[str, str | None]) -> tuple[str, int | None] | None:
 
     ``VLLM_CPU_KVCACHE_SPACE`` (GiB) wins over ``--kv-cache-memory-bytes``, as in vLLM's CPU platform.
     """
-    if os.environ.get(KVCACHE_SPACE_ENV):
-        return KVCACHE_SPACE_ENV, byte_count(os.environ[KVCACHE_SPACE_ENV] + "G")
+    space = envs.value(KVCACHE_SPACE_ENV)
+    if space:
+        return KVCACHE_SPACE_ENV, byte_count(space + "G")
     if "kv-cache-memory-bytes" in given:
         return "--kv-cache-memory-bytes", byte_count(given["kv-cache-memory-bytes"] or "")
     return None
@@ -276,7 +277,7 @@ class Settings:
 
     def report(self, checkpoint: Checkpoint) -> str:
         """The lines printed once at start-up."""
-        bind = os.environ.get(cpu_memory.BIND_ENV, "auto")
+        bind = envs.value(cpu_memory.BIND_ENV) or "auto"
         lines = [
             f"vllm-gdn-serve: {checkpoint.source} ({checkpoint.architecture}), "
             f"{format_count(parameter_count(checkpoint.text))} parameters",

@@ -32,9 +32,10 @@ import os
 import pathlib
 import platform
 
+from vllm_gdn_neuron import envs
 from vllm_gdn_neuron.units import KiB
 
-BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+BIND_ENV = envs.CPU_OMP_THREADS_BIND
 VISIBLE_NODES_ENV = "CPU_VISIBLE_MEMORY_NODES"
 SIMULATE_NODES_ENV = "VLLM_CPU_SIM_MULTI_NUMA"
 RESERVED_CPUS_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"

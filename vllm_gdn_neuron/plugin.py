@@ -29,10 +29,10 @@ Which classes it registers depends on the platform, and only on the platform:
   does not depend on load order. The checkpoints' own names are left to vllm-neuron.
 """
 
-import os
+from vllm_gdn_neuron import envs
 
-DISABLE_ENV = "VLLM_GDN_NEURON_DISABLE"
-ANY_PLATFORM_ENV = "VLLM_GDN_NEURON_ANY_PLATFORM"
+DISABLE_ENV = envs.DISABLE
+ANY_PLATFORM_ENV = envs.ANY_PLATFORM
 
 _MODEL_MODULE = "vllm_gdn_neuron.shells.vllm.qwen3_5"
 ARCHITECTURES = (
@@ -79,7 +79,7 @@ def platform_kind() -> str:
 def register() -> None:
     """Point vLLM's model registry at this plugin's classes (once per process)."""
     global _registered
-    if _registered or os.environ.get(DISABLE_ENV) == "1":
+    if _registered or envs.flag(DISABLE_ENV):
         return
     from vllm import ModelRegistry
     from vllm.logger import init_logger
@@ -90,7 +90,7 @@ def register() -> None:
     if platform == "neuron":
         names = {name: (_NEURON_MULTIMODAL_TARGET if arch.endswith("ForConditionalGeneration")
                         else _NEURON_TARGET, arch) for name, arch in NEURON_ARCHITECTURES.items()}
-    elif platform == "cpu" or os.environ.get(ANY_PLATFORM_ENV) == "1":
+    elif platform == "cpu" or envs.flag(ANY_PLATFORM_ENV):
         names = {arch: (f"{_MODEL_MODULE}:{arch}", arch) for arch in ARCHITECTURES}
         names.update({arch: (f"{_MTP_MODULE}:{arch}", None) for arch in MTP_ARCHITECTURES})
     else:

@@ -2,7 +2,8 @@
 
 Kernels never import this package: they import ``nki``, ``nl``, ``nisa`` from
 ``vllm_gdn_neuron.kernels.nki_compat``, which gives the real NKI where it is installed and
-this interpreter otherwise (``VLLM_GDN_NKI_INTERPRET=1`` forces the interpreter).
+this interpreter only on an opt-in (``VLLM_GDN_NKI_INTERPRET=1``, or this package imported
+before the kernels, as the tests do); no serving module imports it.
 
 Public surface
 --------------

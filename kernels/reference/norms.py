@@ -2,9 +2,8 @@
 
 import torch
 
+from ..l2norm import L2NORM_EPS
 from ._common import as_float64
-
-L2NORM_EPS = 1e-6
 
 
 def l2norm(x, eps=L2NORM_EPS):

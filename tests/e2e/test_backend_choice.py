@@ -4,6 +4,7 @@ The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, see conft
 layers' construction and every paged-op call are seen here.
 """
 
+import functools
 import json
 import pathlib
 
@@ -11,8 +12,7 @@ import pytest
 
 from tests.support.engines import engine
 
-from vllm_gdn_neuron.ops import layer_backends as layer_backends_module
-from vllm_gdn_neuron.ops import paged
+from vllm_gdn_neuron.ops import paged, phases
 
 MODEL = "qwen3_5-dense"
 
@@ -24,13 +24,23 @@ def test_layers_choose_once_at_construction_and_log_once(tiny_model, monkeypatch
     import vllm_gdn_neuron.shells.vllm.gated_deltanet as shell
 
     monkeypatch.delenv("VLLM_GDN_BACKEND", raising=False)
-    built, logged, in_place = [], [], []
-    real_choice, real_select = shell.layer_backends, paged.select_in_place
-    monkeypatch.setattr(shell, "layer_backends", lambda *args: built.append(args) or real_choice(*args))
-    monkeypatch.setattr(layer_backends_module, "_logged", set())
-    monkeypatch.setattr(layer_backends_module.logger, "info", lambda message, *args: logged.append(message % args))
-    monkeypatch.setattr(paged, "select_in_place",
-                        lambda op_name, backend, *args: in_place.append(backend) or real_select(op_name, backend, *args))
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+    built, logged, ran = [], [], []
+    real_choice = shell.resolve_phases
+    monkeypatch.setattr(shell, "resolve_phases", lambda *args: built.append(real_choice(*args)) or built[-1])
+    monkeypatch.setattr(phases, "_logged", set())
+    monkeypatch.setattr(phases.logger, "info", lambda message, *args: logged.append(message % args))
+
+    def counted(backend, real, *args, **kwargs):
+        ran.append((real.__name__, backend))
+        return real(*args, **kwargs)
+
+    for backend, module in (("torch", paged), ("vllm_cpu", vllm_cpu)):  # before the layers bind them
+        for name in phases.PAGED_OPS.values():
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, functools.wraps(getattr(module, name))(
+                    functools.partial(counted, backend, getattr(module, name))))
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     with engine(tiny_model(MODEL), dtype="bfloat16", enable_prefix_caching=False) as llm:
         monkeypatch.setenv("VLLM_GDN_BACKEND", "vllm_cpu")  # after construction: no layer reads it any more
@@ -40,4 +50,10 @@ def test_layers_choose_once_at_construction_and_log_once(tiny_model, monkeypatch
     assert len(logged) == 1
     # the tiny model's Dk = 32, Dv = 16 heads are no size vLLM's GDN kernels take: torch, saying why
     assert "Dk/Dv 32/16, bfloat16" in logged[0] and "gdn prefill torch (v: backend 'vllm_cpu' expects" in logged[0]
-    assert in_place and set(in_place) <= {"torch", "vllm_cpu"}  # each call names the layer's choice
+    # each call ran the op its layer bound at construction (the later override reached none)
+    chosen = {phases.PAGED_OPS[phase]: backend for phase, backend in built[0].backends.items()}
+    outermost = [call for call in ran if chosen[call[0]] == call[1]]
+    assert outermost and {name for name, _ in ran} <= set(chosen)
+    assert all(chosen[name] == backend for name, backend in outermost)
+    assert {name for name, _ in outermost} >= {"paged_conv1d_prefill", "paged_gdn_prefill", "paged_conv1d_decode",
+                                                "paged_gdn_decode"}

@@ -1,9 +1,10 @@
 """The tiny Qwen3.5 model served through the ``nki`` backend (its kernels run in the NKI interpreter)
 gives the same greedy ids as through the ``torch`` backend.
 
-``VLLM_GDN_BACKEND`` is read at every op call and the engine runs in this process
+``VLLM_GDN_BACKEND`` is read when each GDN layer is built (``ops.phases``: the NKI kernels'
+paged ops, as in the Neuron shell) and the engine runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, see conftest), so the variable set here reaches the
-GDN layer. Prompts are short and few (the interpreter runs every kernel instruction in
+GDN layers. Prompts are short and few (the interpreter runs every kernel instruction in
 NumPy): one prefill shorter than a chunk (padded to 128 inside the backend), one longer
 than a chunk and split by ``max_num_batched_tokens`` (chunked prefill continues from the
 cached conv and recurrent states), then decode steps.
@@ -25,7 +26,7 @@ NEW_TOKENS = 4
 PROMPTS = ([5, 17, 99, 3, 250, 41, 7], [(7 * i + 11) % 500 + 3 for i in range(150)])
 
 
-LAYER_OPS = ("conv1d_prefill", "conv1d_decode", "gdn_prefill", "gdn_decode")
+LAYER_OPS = ("paged_conv1d_prefill", "paged_conv1d_decode", "paged_gdn_prefill", "paged_gdn_decode")
 
 
 def _count_nki_calls(monkeypatch):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron.kernels import adapter, nki_call
+from vllm_gdn_neuron.kernels.gdn2 import launch as gdn2_launch
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
 
 from .kernel_testing import assert_close, gdn_inputs, random_state, reference_cte
@@ -115,7 +116,7 @@ def test_gdn2_bucket_reads_and_writes_cache_rows_by_slot():
     cache = torch.randn(3, 2, 16, 8, generator=gen)
     before = cache.clone()
     slots = torch.tensor([2, 0])
-    o = adapter.gdn2_prefill_bucket(q, k, v, g, beta, None, cache, slots, SCALE)
+    o = gdn2_launch.gdn2_prefill_bucket(q, k, v, g, beta, None, cache, slots, SCALE)
     for b, (slot, n) in enumerate(zip(slots.tolist(), lengths)):
         ref_o, ref_state = gdn2_recurrence(q[b, :n], k[b, :n], v[b, :n], g[b, :n], beta[b, :n],
                                            initial_state=before[slot:slot + 1], scale=SCALE)
@@ -136,7 +137,7 @@ def test_one_kernel_serves_every_slot_assignment_and_length_mix(monkeypatch):
     gates = -torch.rand(2, 8, 1, 16, generator=gen)
     ssm_cache = torch.zeros(6, 1, 16, 16)
     for slots in ([0, 1], [5, 3]):
-        adapter.gdn2_prefill_bucket(q, q, torch.randn(2, 8, 1, 16, generator=gen), gates, -gates, None, ssm_cache,
+        gdn2_launch.gdn2_prefill_bucket(q, q, torch.randn(2, 8, 1, 16, generator=gen), gates, -gates, None, ssm_cache,
                                     torch.tensor(slots), SCALE)
     for name in ("conv1d_prefill", "conv1d_decode", "gdn2_chunked"):
         launches = {launch for launch in recorder.launches if launch[0] == name}

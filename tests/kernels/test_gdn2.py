@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron.kernels.gdn2 import GDN2_CHUNK, gdn2_chunked
-from vllm_gdn_neuron.kernels.gdn2_torch import gdn2_chunked_torch
+from vllm_gdn_neuron.kernels.gdn2.gdn2_torch import gdn2_chunked_torch
 from vllm_gdn_neuron.kernels.reference import gdn2_recurrence, gdn_recurrence
 
 from .kernel_testing import DTYPES, assert_close, unit_rows

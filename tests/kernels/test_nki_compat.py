@@ -44,6 +44,21 @@ def test_without_the_sdk_the_interpreter_is_used(monkeypatch):
     assert compat.nki is interp.nki and compat.nl is interp.nl and compat.nisa is interp.nisa
 
 
+def test_without_the_sdk_or_the_interpreter_the_kernels_are_refused(monkeypatch):
+    """The interpreter serves only where a program imported it first (an explicit opt-in)."""
+    monkeypatch.setitem(sys.modules, "nki", None)
+    monkeypatch.delitem(sys.modules, nki_compat.INTERPRETER)
+    with pytest.raises(ImportError, match="need the Neuron SDK's nki.*set VLLM_GDN_NKI_INTERPRET=1"):
+        _reload(monkeypatch)
+
+
+def test_the_environment_switches_the_interpreter_on(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nki", None)
+    monkeypatch.delitem(sys.modules, nki_compat.INTERPRETER)
+    compat = _reload(monkeypatch, env="1")
+    assert compat.using_interpreter is True and compat.nki is sys.modules[nki_compat.INTERPRETER].nki
+
+
 def test_a_real_sdk_is_preferred(monkeypatch):
     sdk = _fake_sdk()
     compat = _reload(monkeypatch, fake_nki=sdk)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron.kernels import adapter, nki_compat
+from vllm_gdn_neuron.kernels.gdn2 import launch as gdn2_launch
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
 
 from .kernel_testing import assert_close, gdn_inputs, random_state, reference_cte
@@ -104,6 +105,6 @@ def test_gdn2(device):
     v = torch.randn(t, 2, 8, generator=gen)
     g, beta = -torch.rand(t, 2, 16, generator=gen), torch.rand(t, 2, 16, generator=gen)
     ref_o, ref_state = gdn2_recurrence(q, k, v, g, beta, cu_seqlens=[0, 3, t], scale=SCALE)
-    o, state = adapter.gdn2_prefill(*(x.to(device) for x in (q, k, v, g, beta)), None, [0, 3, t], None, SCALE)
+    o, state = gdn2_launch.gdn2_prefill(*(x.to(device) for x in (q, k, v, g, beta)), None, [0, 3, t], None, SCALE)
     assert_close(o.cpu(), ref_o, torch.float32, "o")
     assert_close(state.cpu(), ref_state, torch.float32, "state")

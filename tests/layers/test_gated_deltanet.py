@@ -2,8 +2,8 @@
 
 One step: two decode rows, then three prefill sequences (a one-token prompt, a new
 37-token prompt, a 9-token chunk continuing a cached prompt), then padding tokens; the
-cache holds stale values everywhere, NaNs on the fresh sequence's page. Both entry points
-run: the trace-safe paged ops and the backend-dispatched public ops. The reference
+cache holds stale values everywhere, NaNs on the fresh sequence's page. The layer's phases
+resolved with ``VLLM_GDN_BACKEND=torch`` and with ``auto`` (this CPU's choice) both run. The reference
 runs each sequence token by token in float64 (``kernels/reference``) from the states the
 cache held; the mixer's outputs and the pages it leaves must match, and no other page
 may change.
@@ -15,6 +15,8 @@ import torch
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels import reference
 from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_gates, gdn_mix
+from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
+from vllm_gdn_neuron.ops.phases import resolve_phases
 
 TOLERANCE = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 
@@ -33,11 +35,11 @@ def _reference(dims, x, a, b, weight, A_log, dt_bias, conv0, ssm0, bounds):
     return torch.cat(outs), convs, ssms
 
 
-@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dispatched"])
+@pytest.mark.parametrize("backend", ["torch", "auto"])
 @pytest.mark.parametrize(("dtype", "ssm_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
                                                   (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize(("hk", "hv", "dk", "dv"), [(2, 4, 8, 6), (1, 3, 6, 8), (2, 2, 8, 8)])
-def test_mixed_decode_and_prefill_step_matches_the_float64_references(paged, dtype, ssm_dtype, hk, hv, dk, dv):
+def test_mixed_decode_and_prefill_step_matches_the_float64_references(monkeypatch, backend, dtype, ssm_dtype, hk, hv, dk, dv):
     torch.manual_seed(0)
     dims = GDNDims(hk, hv, dk, dv, conv_kernel=4)
     channels, pages = dims.conv_dim, 10
@@ -60,7 +62,10 @@ def test_mixed_decode_and_prefill_step_matches_the_float64_references(paged, dty
     prefill = ops.PrefillStep.build(qsl, torch.tensor(prefill_pages), torch.tensor(has_state), num_prefill)
     conv_before, ssm_before = conv_cache.clone(), ssm_cache.clone()
     caches = GDNCaches(conv=conv_cache, ssm=ssm_cache)
-    core = gdn_mix(dims, x, a, b, weight, A_log, dt_bias, caches, decode, prefill, paged=paged)
+    monkeypatch.setenv("VLLM_GDN_BACKEND", backend)
+    phases = resolve_phases(GdnShape(dtype, hk, hv, dk, dv, dk ** -0.5, ssm_dtype),
+                            ConvShape(dtype, dtype, conv_cache.dtype, channels, 4, "silu"), "cpu")
+    core = gdn_mix(dims, x, a, b, weight, A_log, dt_bias, caches, decode, prefill, phases=phases)
 
     # reference, sequence by sequence
     n_dec = len(decode_pages)

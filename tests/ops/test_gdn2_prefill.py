@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill
 from vllm_gdn_neuron.kernels.reference import gdn2_recurrence
 
 from .ops_testing import assert_matches, make_gdn_inputs
@@ -29,7 +30,7 @@ def test_gdn2_prefill_matches_reference(case):
     x = make_gdn_inputs(lengths, hk, hv, dk, dv, dtype=dtype, min_g=min_g, correlated=correlated,
                         with_state=with_state, channel_gates=True)
     w = x["w"] if with_w else None
-    o, state = ops.gdn2_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], w, x["cu_seqlens"],
+    o, state = gdn2_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], w, x["cu_seqlens"],
                                 initial_state=x["initial_state"], use_qk_l2norm=True, backend="torch")
     o_ref, state_ref = gdn2_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], w, x["cu_seqlens"],
                                        initial_state=x["initial_state"], use_qk_l2norm=True)
@@ -43,7 +44,7 @@ def test_gdn2_with_decay_spread_over_channels():
     x = make_gdn_inputs([140], 1, 2, 16, 16, channel_gates=True)
     x["g"][..., ::2] = -20.0
     x["g"][..., 1::2] = 0.0
-    o, state = ops.gdn2_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["w"], x["cu_seqlens"],
+    o, state = gdn2_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["w"], x["cu_seqlens"],
                                 initial_state=x["initial_state"], use_qk_l2norm=True)
     o_ref, state_ref = gdn2_recurrence(x["q"], x["k"], x["v"], x["g"], x["beta"], x["w"], x["cu_seqlens"],
                                        initial_state=x["initial_state"], use_qk_l2norm=True)
@@ -57,7 +58,7 @@ def test_gdn2_with_channel_constant_gates_equals_gdn():
     t, hv, dk, dv = 131, 4, 16, 32
     o, state = ops.gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"],
                                initial_state=x["initial_state"], use_qk_l2norm=True)
-    o2, state2 = ops.gdn2_prefill(x["q"], x["k"], x["v"], x["g"][..., None].expand(t, hv, dk),
+    o2, state2 = gdn2_prefill(x["q"], x["k"], x["v"], x["g"][..., None].expand(t, hv, dk),
                                   x["beta"][..., None].expand(t, hv, dk), x["beta"][..., None].expand(t, hv, dv),
                                   x["cu_seqlens"], initial_state=x["initial_state"], use_qk_l2norm=True)
     torch.testing.assert_close(o2, o, rtol=0, atol=1e-5)
@@ -67,8 +68,8 @@ def test_gdn2_with_channel_constant_gates_equals_gdn():
 def test_gdn2_vk_state_layout_is_the_transpose_for_initial_and_final_state():
     x = make_gdn_inputs([70], 1, 2, 16, 8, channel_gates=True)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["w"], x["cu_seqlens"])
-    o_kv, state_kv = ops.gdn2_prefill(*args, initial_state=x["initial_state"])
-    o_vk, state_vk = ops.gdn2_prefill(*args, initial_state=x["initial_state"].transpose(-1, -2).contiguous(),
+    o_kv, state_kv = gdn2_prefill(*args, initial_state=x["initial_state"])
+    o_vk, state_vk = gdn2_prefill(*args, initial_state=x["initial_state"].transpose(-1, -2).contiguous(),
                                       state_layout="vk")
     assert state_vk.shape == (1, 2, 8, 16)
     torch.testing.assert_close(o_vk, o_kv, rtol=0, atol=0)
@@ -78,10 +79,10 @@ def test_gdn2_vk_state_layout_is_the_transpose_for_initial_and_final_state():
 def test_gdn2_prefill_in_two_pieces_equals_whole():
     x = make_gdn_inputs([130], 1, 1, 16, 16, channel_gates=True)
     names = ("q", "k", "v", "g", "beta", "w")
-    whole_o, whole_state = ops.gdn2_prefill(*(x[n] for n in names), x["cu_seqlens"], initial_state=x["initial_state"],
+    whole_o, whole_state = gdn2_prefill(*(x[n] for n in names), x["cu_seqlens"], initial_state=x["initial_state"],
                                             use_qk_l2norm=True)
-    o1, s1 = ops.gdn2_prefill(*(x[n][:50] for n in names), torch.tensor([0, 50]), initial_state=x["initial_state"],
+    o1, s1 = gdn2_prefill(*(x[n][:50] for n in names), torch.tensor([0, 50]), initial_state=x["initial_state"],
                               use_qk_l2norm=True)
-    o2, s2 = ops.gdn2_prefill(*(x[n][50:] for n in names), torch.tensor([0, 80]), initial_state=s1, use_qk_l2norm=True)
+    o2, s2 = gdn2_prefill(*(x[n][50:] for n in names), torch.tensor([0, 80]), initial_state=s1, use_qk_l2norm=True)
     torch.testing.assert_close(torch.cat([o1, o2]), whole_o, rtol=0, atol=1e-5)
     torch.testing.assert_close(s2, whole_state, rtol=0, atol=1e-5)

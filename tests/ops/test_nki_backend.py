@@ -8,6 +8,7 @@ from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn2_recurrence, gdn_recurrence
 from vllm_gdn_neuron.ops import dispatch
 from vllm_gdn_neuron.ops.backends import nki as nki_backend
+from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill
 
 from .ops_testing import assert_matches, make_gdn_inputs
 
@@ -62,8 +63,8 @@ def test_gdn2_prefill_matches_reference(layout):
     inputs = make_gdn_inputs([1, 70, 9], 1, 2, 16, 8, min_g=-20.0, channel_gates=True)
     initial = inputs["initial_state"]
     given = initial if layout == "kv" else initial.transpose(-1, -2).contiguous()
-    o, final = ops.gdn2_prefill(**{**inputs, "initial_state": given}, use_qk_l2norm=True, state_layout=layout,
-                                backend="nki")
+    o, final = gdn2_prefill(**{**inputs, "initial_state": given}, use_qk_l2norm=True, state_layout=layout,
+                            backend="nki")
     ref_o, ref_state = gdn2_recurrence(**inputs, use_qk_l2norm=True)
     assert_matches(o, ref_o, torch.float32, "gdn2 o")
     assert_matches(final if layout == "kv" else final.transpose(-1, -2), ref_state, torch.float32, "gdn2 state")
@@ -106,6 +107,7 @@ def test_selection_env_override_and_auto(monkeypatch):
     monkeypatch.setenv(dispatch.ENV_VAR, "nki")
     assert dispatch.select_backend("auto", "gdn_prefill", cpu) is nki_backend
     monkeypatch.delenv(dispatch.ENV_VAR)
+    dispatch.env_override.cache_clear()  # read once per process: a new process without the variable
     # the interpreter is not a Neuron device: auto keeps torch here
     assert nki_backend.is_available() is False
     assert dispatch.select_backend("auto", "gdn_prefill", cpu) is not nki_backend

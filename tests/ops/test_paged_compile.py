@@ -66,9 +66,8 @@ def _inputs(composition, seed):
     for part, count in (("dec", ROWS), ("pre", TOKENS)):
         x = make_gdn_inputs([count], HK, HV, DK, DV, with_state=False, seed=seed)
         inputs.update({f"{n}_{part}": x[n] for n in ("q", "k", "v", "g", "beta")})
-    ops.check_step(PAGES, PAD_PAGE, decode_pages=inputs["decode_pages"], prefill_query_start_loc=inputs["qsl"],
-                   prefill_pages=inputs["prefill_pages"], prefill_has_state=inputs["has_state"],
-                   num_prefill_tokens=TOKENS)
+    ops.check_step(PAGES, PAD_PAGE, decode=ops.DecodeStep.build(inputs["decode_pages"], PAD_PAGE),
+                   prefill=ops.PrefillStep.build(inputs["qsl"], inputs["prefill_pages"], inputs["has_state"], TOKENS))
     return inputs
 
 

@@ -5,7 +5,7 @@ import torch
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence, tolerance
-from vllm_gdn_neuron.ops import paged_nki
+from vllm_gdn_neuron.ops.backends import nki as paged_nki
 
 PAGES, C, K = 7, 48, 4
 PAD = 6
@@ -111,16 +111,27 @@ def test_strided_cache_views_are_updated_in_place():
     _assert_close(ssm, expected_ssm, torch.float32, "ssm view")
 
 
-def test_a_bfloat16_state_cache_is_refused_by_name():
+def test_a_bfloat16_state_cache_is_served_through_float32():
+    """vLLM's bfloat16 state pages: the kernels run on a float32 copy, the pages get the result rounded."""
     step = ops.DecodeStep.build(torch.tensor([0]))
     q, k, v, g, beta = _qkvgb(1, 1, 1, 16, 16, torch.float32, seed=6)
-    with pytest.raises(ValueError, match="ssm_cache: the nki paged ops keep float32 states, got torch.bfloat16"):
-        paged_nki.paged_gdn_decode(q, k, v, g, beta, torch.zeros(2, 1, 16, 16, dtype=torch.bfloat16), step)
+    ssm = (0.3 * torch.randn(2, 1, 16, 16)).to(torch.bfloat16)
+    expected = ssm.clone()
+    o = paged_nki.paged_gdn_decode(q, k, v, g, beta, ssm, step)
+    o_want = ops.paged_gdn_decode(q, k, v, g, beta, expected, step)
+    _assert_close(o, o_want, torch.bfloat16, "o")
+    _assert_close(ssm, expected, torch.bfloat16, "bf16 pages")
 
 
-@pytest.mark.parametrize("env, expected", [("", "vllm_gdn_neuron.ops"), ("torch", "vllm_gdn_neuron.ops"),
-                                           ("nki", "vllm_gdn_neuron.ops.paged_nki")])
-def test_select_follows_the_backend_choice(monkeypatch, env, expected):
+@pytest.mark.parametrize("env, expected", [("", "torch"), ("torch", "torch"), ("nki", "nki")])
+def test_the_neuron_shells_phases_follow_the_backend_choice(monkeypatch, env, expected):
+    """Off a Neuron SDK, ``auto`` is torch for a Neuron layer; ``nki`` binds the kernels' paged ops."""
+    from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
+    from vllm_gdn_neuron.ops.phases import resolve_phases
+
     monkeypatch.setenv("VLLM_GDN_BACKEND", env)
-    assert paged_nki.select("auto", torch.device("cpu")).__name__ == expected
-    assert paged_nki.select("nki", torch.device("cpu")) is paged_nki
+    chosen = resolve_phases(GdnShape(torch.float32, 1, 1, 16, 16, 0.25, torch.float32),
+                            ConvShape(torch.float32, torch.float32, torch.float32, 48, 4, "silu"), "neuron")
+    assert chosen.backends["gdn_decode"] == chosen.backends["conv_prefill"] == expected
+    module = paged_nki if expected == "nki" else ops
+    assert chosen.gdn_decode is module.paged_gdn_decode and chosen.conv_prefill is module.paged_conv1d_prefill

@@ -90,7 +90,7 @@ def test_paged_gdn_mixed_step_matches_reference(hk, hv, dk, dv, dtype, min_g, co
 
 
 # (C, K, dtype, conv cache dtype)
-# (64, 4, bf16, bf16) runs on vLLM's C++ conv where the CPU has it (see dispatch.select_in_place).
+# (64, 4, bf16, bf16) runs on vLLM's C++ conv where the CPU has it (``ops.backends.vllm_cpu``'s paged ops).
 CONV_CASES = [(12, 4, F32, F32), (10, 4, BF16, BF16), (9, 2, BF16, F32), (8, 1, F32, F32), (64, 4, BF16, BF16)]
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.phases import backend_module
 from vllm_gdn_neuron.kernels.reference import causal_conv1d_step, gdn_recurrence
 
 from .ops_testing import assert_matches, make_gdn_inputs
@@ -42,8 +43,7 @@ def _verify_step(seed=0):
     bounds = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
     num_tokens = sum(lengths) + PAD_TOKENS
     step = ops.VerifyStep.build(bounds, pages, accepted, num_tokens, pad_page)
-    ops.check_step(num_pages, pad_page, verify_query_start_loc=bounds, verify_pages=pages,
-                   verify_num_accepted=accepted, num_verify_tokens=num_tokens)
+    ops.check_step(num_pages, pad_page, verify=step)
     return step, pages, lengths, accepted.tolist(), pad_page, num_pages
 
 
@@ -128,7 +128,7 @@ def test_gdn_verify_matches_token_by_token_oracle(hk, hv, dk, dv, dtype, min_g, 
                              with_state=False, seed=3)
     names = ("q", "k", "v", "g", "beta")
 
-    o = ops.paged_gdn_verify(*(inputs[n] for n in names), ssm, step, use_qk_l2norm=True, backend=backend)
+    o = backend_module(backend).paged_gdn_verify(*(inputs[n] for n in names), ssm, step, use_qk_l2norm=True)
 
     assert o.dtype == dtype and o.shape == inputs["v"].shape
     state_dtype = dtype if ssm_dtype == F32 else BF16
@@ -163,8 +163,8 @@ def test_verify_row_of_one_token_equals_a_decode_step():
 
     y = ops.paged_conv1d_verify(x, weight, conv, verify)
     o = ops.paged_gdn_verify(*(inputs[n] for n in names), ssm, verify, use_qk_l2norm=True)
-    y_dec = ops.paged_conv1d_decode(x, weight, conv_dec, decode, backend="torch")
-    o_dec = ops.paged_gdn_decode(*(inputs[n] for n in names), ssm_dec, decode, use_qk_l2norm=True, backend="torch")
+    y_dec = ops.paged_conv1d_decode(x, weight, conv_dec, decode)
+    o_dec = ops.paged_gdn_decode(*(inputs[n] for n in names), ssm_dec, decode, use_qk_l2norm=True)
 
     torch.testing.assert_close(y, y_dec, rtol=0, atol=1e-6)
     torch.testing.assert_close(o, o_dec, rtol=0, atol=1e-6)
@@ -176,27 +176,25 @@ def test_verify_row_of_one_token_equals_a_decode_step():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (dict(accepted=[0, 1]), "verify_num_accepted: expected values in \\[1, W = 2\\], got 0 for verify row 0"),
-        (dict(accepted=[1, 3]), "verify_num_accepted: expected values in \\[1, W = 2\\], got 3 for verify row 1"),
+        (dict(accepted=[0, 1]), "verify.num_accepted: expected values in \\[1, W = 2\\], got 0 for verify row 0"),
+        (dict(accepted=[1, 3]), "verify.num_accepted: expected values in \\[1, W = 2\\], got 3 for verify row 1"),
         (dict(bounds=[0, 3, 4]), "expected 1 to W = 2 tokens per verify row, got 3 for verify row 0"),
-        (dict(pages=[[1, 2], [3, 1]]), "verify_pages: expected each live page used once in a step, got page 1"),
-        (dict(pages=[[1, 2], [3, 9]]), "verify_pages: expected pages in \\[0, 6\\), got 9"),
+        (dict(pages=[[1, 2], [3, 1]]), "verify.pages: expected each live page used once in a step, got page 1"),
+        (dict(pages=[[1, 2], [3, 9]]), "verify.pages: expected pages in \\[0, 6\\), got 9"),
         (dict(pages=[[1, 0], [3, 4]]), "expected a live row's W pages off pad_page = 0"),
-        (dict(bounds=[0, 1, 6]), "expected to end at most at num_verify_tokens = 4, got 6"),
+        (dict(bounds=[0, 1, 6]), "expected to end at most at verify.num_tokens = 4, got 6"),
     ],
 )
 def test_check_step_refuses_bad_verify_metadata(change, message):
     args = dict(bounds=[0, 2, 4], pages=[[1, 2], [3, 4]], accepted=[1, 2])
     args.update(change)
     with pytest.raises(ValueError, match=message):
-        ops.check_step(6, 0, verify_query_start_loc=torch.tensor(args["bounds"]),
-                       verify_pages=torch.tensor(args["pages"]), verify_num_accepted=torch.tensor(args["accepted"]),
-                       num_verify_tokens=4)
+        ops.check_step(6, 0, verify=ops.VerifyStep.build(torch.tensor(args["bounds"]), torch.tensor(args["pages"]),
+                                                         torch.tensor(args["accepted"]), 4, 0))
 
 
 def test_check_step_refuses_a_verify_page_shared_with_a_prefill():
     with pytest.raises(ValueError, match="page 2 for verify row 0 position 1 and prefill sequence 0"):
-        ops.check_step(6, 0, verify_query_start_loc=torch.tensor([0, 2]), verify_pages=torch.tensor([[1, 2]]),
-                       verify_num_accepted=torch.tensor([1]), num_verify_tokens=2,
-                       prefill_query_start_loc=torch.tensor([0, 3]), prefill_pages=torch.tensor([2]),
-                       prefill_has_state=torch.tensor([True]), num_prefill_tokens=3)
+        ops.check_step(6, 0, verify=ops.VerifyStep.build(torch.tensor([0, 2]), torch.tensor([[1, 2]]),
+                                                         torch.tensor([1]), 2, 0),
+                       prefill=ops.PrefillStep.build(torch.tensor([0, 3]), torch.tensor([2]), torch.tensor([True]), 3))

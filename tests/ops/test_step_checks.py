@@ -17,42 +17,52 @@ def _metadata():
                 num_prefill_tokens=12)
 
 
+def _check(num_pages, pad_page, decode_pages=None, prefill_query_start_loc=None, prefill_pages=None,
+           prefill_has_state=None, num_prefill_tokens=None):
+    """Build the step's parts from its metadata (``build`` checks shapes and dtypes), then check_step."""
+    decode = None if decode_pages is None else ops.DecodeStep.build(decode_pages, PAD)
+    prefill = None if prefill_query_start_loc is None else ops.PrefillStep.build(
+        prefill_query_start_loc, prefill_pages, prefill_has_state, num_prefill_tokens)
+    ops.check_step(num_pages, pad_page, decode=decode, prefill=prefill)
+
+
 def test_a_valid_step_passes():
-    ops.check_step(PAGES, PAD, **_metadata())
-    ops.check_step(PAGES, decode_pages=torch.tensor([1, 2], dtype=torch.int32))
+    _check(PAGES, PAD, **_metadata())
+    ops.check_step(PAGES, decode=ops.DecodeStep.build(torch.tensor([1, 2], dtype=torch.int32)))
     meta = _metadata()
     del meta["decode_pages"]
-    ops.check_step(PAGES, PAD, **meta)
+    _check(PAGES, PAD, **meta)
 
 
 # argument -> (new value, message pieces)
 BAD_STEPS = {
     "num-pages": ("num_pages", 0, ["num_pages:", ">= 1", "0"]),
     "pad-page-range": ("pad_page", 8, ["pad_page:", "[0, 8)", "8"]),
-    "decode-dtype": ("decode_pages", torch.tensor([1.0, 2.0]), ["decode_pages:", "int32 or int64", "float32"]),
-    "decode-rank": ("decode_pages", torch.tensor([[1, 2]]), ["decode_pages:", "1 dims"]),
-    "decode-range": ("decode_pages", torch.tensor([3, 8, 5]), ["decode_pages:", "[0, 8)", "got 8 for row 1"]),
-    "decode-negative": ("decode_pages", torch.tensor([3, -1, 5]), ["decode_pages:", "got -1"]),
-    "decode-repeated": ("decode_pages", torch.tensor([3, 5, 5]), ["decode_pages:", "page 5", "decode row 1 and decode row 2"]),
+    # shapes and dtypes: refused by the step's build, naming its argument
+    "decode-dtype": ("decode_pages", torch.tensor([1.0, 2.0]), ["pages:", "int32 or int64", "float32"]),
+    "decode-rank": ("decode_pages", torch.tensor([[1, 2]]), ["pages:", "1 dims"]),
+    "qsl-short": ("prefill_query_start_loc", torch.tensor([0]), ["query_start_loc:", "S+1=4", "(1,)"]),
+    "qsl-dtype": ("prefill_query_start_loc", torch.tensor([0.0, 4.0, 9.0, 9.0]), ["query_start_loc:", "int32"]),
+    "prefill-pages-length": ("prefill_pages", torch.tensor([2, 7]), ["query_start_loc:", "S+1=3", "(4,)"]),
+    "has-state-dtype": ("prefill_has_state", torch.tensor([1, 0, 0]), ["has_state:", "bool", "int64"]),
+    "has-state-length": ("prefill_has_state", torch.tensor([True]), ["has_state:", "S=3"]),
+    "tokens-type": ("num_prefill_tokens", 12.0, ["num_tokens:", "int >= 0", "12.0"]),
+    # values: refused by check_step, naming the step's field
+    "decode-range": ("decode_pages", torch.tensor([3, 8, 5]), ["decode.pages:", "[0, 8)", "got 8 for row 1"]),
+    "decode-negative": ("decode_pages", torch.tensor([3, -1, 5]), ["decode.pages:", "got -1"]),
+    "decode-repeated": ("decode_pages", torch.tensor([3, 5, 5]), ["decode.pages:", "page 5", "decode row 1 and decode row 2"]),
     "decode-vs-prefill": ("decode_pages", torch.tensor([7, 0, 5]),
-                          ["prefill_pages:", "page 7", "decode row 0 and prefill sequence 1"]),
-    "qsl-start": ("prefill_query_start_loc", torch.tensor([1, 4, 9, 9]), ["prefill_query_start_loc:", "start at 0", "got 1"]),
+                          ["prefill.pages:", "page 7", "decode row 0 and prefill sequence 1"]),
+    "qsl-start": ("prefill_query_start_loc", torch.tensor([1, 4, 9, 9]), ["prefill.query_start_loc:", "start at 0", "got 1"]),
     "qsl-decreasing": ("prefill_query_start_loc", torch.tensor([0, 6, 4, 9]),
-                       ["prefill_query_start_loc:", "non-decreasing", "6 then 4 at index 1"]),
+                       ["prefill.query_start_loc:", "non-decreasing", "6 then 4 at index 1"]),
     "qsl-end": ("prefill_query_start_loc", torch.tensor([0, 4, 13, 13]),
-                ["prefill_query_start_loc:", "at most at num_prefill_tokens = 12", "got 13"]),
-    "qsl-short": ("prefill_query_start_loc", torch.tensor([0]), ["prefill_query_start_loc:", "at least 2"]),
-    "qsl-dtype": ("prefill_query_start_loc", torch.tensor([0.0, 4.0, 9.0, 9.0]), ["prefill_query_start_loc:", "int32"]),
-    "prefill-pages-length": ("prefill_pages", torch.tensor([2, 7]), ["prefill_pages:", "S=3", "(2,)"]),
-    "prefill-pages-range": ("prefill_pages", torch.tensor([2, 9, 0]), ["prefill_pages:", "got 9 for sequence 1"]),
+                ["prefill.query_start_loc:", "at most at prefill.num_tokens = 12", "got 13"]),
+    "prefill-pages-range": ("prefill_pages", torch.tensor([2, 9, 0]), ["prefill.pages:", "got 9 for sequence 1"]),
     "prefill-pages-repeated": ("prefill_pages", torch.tensor([2, 2, 0]),
-                               ["prefill_pages:", "page 2", "prefill sequence 0 and prefill sequence 1"]),
+                               ["prefill.pages:", "page 2", "prefill sequence 0 and prefill sequence 1"]),
     "prefill-pad-page-not-empty": ("prefill_pages", torch.tensor([2, 0, 0]),
-                                   ["prefill_query_start_loc:", "padding sequences", "5 tokens for prefill sequence 1"]),
-    "has-state-dtype": ("prefill_has_state", torch.tensor([1, 0, 0]), ["prefill_has_state:", "bool", "int64"]),
-    "has-state-length": ("prefill_has_state", torch.tensor([True]), ["prefill_has_state:", "S=3"]),
-    "tokens-type": ("num_prefill_tokens", 12.0, ["num_prefill_tokens:", "int >= 0", "12.0"]),
-    "prefill-incomplete": ("prefill_pages", None, ["prefill_pages:", "with the other prefill arguments", "None"]),
+                                   ["prefill.query_start_loc:", "padding sequences", "5 tokens for prefill sequence 1"]),
 }
 
 
@@ -61,9 +71,20 @@ def test_bad_step_metadata_is_a_value_error_naming_it(name, value, pieces):
     args = dict(num_pages=PAGES, pad_page=PAD, **_metadata())
     args[name] = value
     with pytest.raises(ValueError) as error:
-        ops.check_step(**args)
+        _check(**args)
     for piece in pieces:
         assert piece in str(error.value), (piece, str(error.value))
+
+
+def test_a_prefill_without_sequences_is_refused():
+    empty = torch.zeros(0, dtype=torch.int64)
+    with pytest.raises(ValueError, match="prefill.query_start_loc: expected at least 2 entries"):
+        ops.check_step(PAGES, PAD, prefill=ops.PrefillStep.build(torch.tensor([0]), empty, empty.bool(), 4))
+
+
+def test_a_part_of_the_wrong_kind_is_refused():
+    with pytest.raises(ValueError, match="prefill: expected None or a PrefillStep, got DecodeStep"):
+        ops.check_step(PAGES, PAD, prefill=ops.DecodeStep.build(torch.tensor([1])))
 
 
 def _decode_args():

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill
 
 from .ops_testing import make_gdn_inputs
 
@@ -41,7 +42,7 @@ def _conv_decode():
 def _call(op, args):
     positional = {
         ops.gdn_prefill: ("q", "k", "v", "g", "beta", "cu_seqlens"),
-        ops.gdn2_prefill: ("q", "k", "v", "g", "beta", "w", "cu_seqlens"),
+        gdn2_prefill: ("q", "k", "v", "g", "beta", "w", "cu_seqlens"),
         ops.gdn_decode: ("q", "k", "v", "g", "beta", "state", "state_indices"),
         ops.conv1d_prefill: ("x", "weight", "cu_seqlens"),
         ops.conv1d_decode: ("x", "weight", "state", "state_indices"),
@@ -79,13 +80,13 @@ BAD = {
                         ["initial_state:", "float32", "bfloat16"]),
     "gdn-scale": (ops.gdn_prefill, _gdn, "scale", lambda a: "big", ["scale:", "real number", "str"]),
     "gdn-backend": (ops.gdn_prefill, _gdn, "backend", lambda a: "cuda", ["backend:", "'torch'", "'cuda'"]),
-    "gdn2-g-shape": (ops.gdn2_prefill, _gdn2, "g", lambda a: a["g"][..., 0], ["g:", "3 dims"]),
-    "gdn2-beta-shape": (ops.gdn2_prefill, _gdn2, "beta", lambda a: a["beta"][..., :2], ["beta:", "Dk=4"]),
-    "gdn2-w-shape": (ops.gdn2_prefill, _gdn2, "w", lambda a: a["w"][..., :1], ["w:", "Dv=3"]),
-    "gdn2-w-dtype": (ops.gdn2_prefill, _gdn2, "w", lambda a: a["w"].double(), ["w:", "float32", "float64"]),
-    "gdn2-g-positive": (ops.gdn2_prefill, _gdn2, "g", lambda a: a["g"].abs() + 0.1, ["g:", "<= 0"]),
-    "gdn2-layout": (ops.gdn2_prefill, _gdn2, "state_layout", lambda a: "kk", ["state_layout:", "'vk'", "'kk'"]),
-    "gdn2-vk-state-shape": (ops.gdn2_prefill, _gdn2, "state_layout", lambda a: "vk", ["initial_state:", "Dv=3"]),
+    "gdn2-g-shape": (gdn2_prefill, _gdn2, "g", lambda a: a["g"][..., 0], ["g:", "3 dims"]),
+    "gdn2-beta-shape": (gdn2_prefill, _gdn2, "beta", lambda a: a["beta"][..., :2], ["beta:", "Dk=4"]),
+    "gdn2-w-shape": (gdn2_prefill, _gdn2, "w", lambda a: a["w"][..., :1], ["w:", "Dv=3"]),
+    "gdn2-w-dtype": (gdn2_prefill, _gdn2, "w", lambda a: a["w"].double(), ["w:", "float32", "float64"]),
+    "gdn2-g-positive": (gdn2_prefill, _gdn2, "g", lambda a: a["g"].abs() + 0.1, ["g:", "<= 0"]),
+    "gdn2-layout": (gdn2_prefill, _gdn2, "state_layout", lambda a: "kk", ["state_layout:", "'vk'", "'kk'"]),
+    "gdn2-vk-state-shape": (gdn2_prefill, _gdn2, "state_layout", lambda a: "vk", ["initial_state:", "Dv=3"]),
     "decode-q-rank": (ops.gdn_decode, _decode, "q", lambda a: a["q"][:, 0], ["q:", "3 dims"]),
     "decode-v-rows": (ops.gdn_decode, _decode, "v", lambda a: a["v"][:2], ["v:", "N=3"]),
     "decode-g-shape": (ops.gdn_decode, _decode, "g", lambda a: a["g"][:2], ["g:", "N=3"]),

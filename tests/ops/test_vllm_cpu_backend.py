@@ -125,7 +125,7 @@ def test_vllm_cpu_paged_prefill_advances_pages_in_place(hk, hv, dim, min_g):
     cache = _paged_cache(7, hv, dim)
     before = cache.clone()
     qsl = x["cu_seqlens"][:-1].long()
-    o = vllm_cpu.paged_gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], cache, qsl, torch.tensor(pages),
+    o = vllm_cpu.gdn_prefill_pages(x["q"], x["k"], x["v"], x["g"], x["beta"], cache, qsl, torch.tensor(pages),
                                    torch.tensor(has_state), dim ** -0.5, True)
     end = int(qsl[-1])
     initial = torch.stack([before[p] if s else torch.zeros_like(before[p]) for p, s in zip(pages, has_state)])
@@ -141,7 +141,7 @@ def test_vllm_cpu_paged_prefill_advances_pages_in_place(hk, hv, dim, min_g):
 def test_vllm_cpu_paged_prefill_refuses_a_bf16_cache():
     x = make_gdn_inputs([5], 1, 1, 64, 64, dtype=BF16, with_state=False)
     with pytest.raises(ValueError, match="ssm_cache: backend 'vllm_cpu' updates float32 cache rows in place"):
-        vllm_cpu.paged_gdn_prefill(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(2, 1, 64, 64, dtype=BF16),
+        vllm_cpu.gdn_prefill_pages(x["q"], x["k"], x["v"], x["g"], x["beta"], torch.zeros(2, 1, 64, 64, dtype=BF16),
                                    torch.tensor([0, 5]), torch.tensor([1]), torch.tensor([False]), 0.125, True)
 
 
@@ -170,7 +170,7 @@ def test_vllm_cpu_paged_conv_prefill_matches_reference(channels, activation):
     weight = (0.5 * torch.randn(channels, 4, generator=gen)).to(BF16)
     bounds = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
 
-    y = vllm_cpu.paged_conv1d_prefill(x, weight, cache, bounds.to(torch.int32), torch.tensor(pages),
+    y = vllm_cpu.conv1d_prefill_pages(x, weight, cache, bounds.to(torch.int32), torch.tensor(pages),
                                       torch.tensor(has_state), activation)
 
     initial = torch.stack([before[p].double() if s else torch.zeros(channels, 4, dtype=torch.float64)
@@ -195,7 +195,7 @@ def test_vllm_cpu_paged_conv_prefill_refuses_what_the_kernel_cannot_run(change, 
     channels, width, dtype = change.get("channels", 64), change.get("width", 4), change.get("dtype", BF16)
     cache = torch.zeros(2, channels, width, dtype=dtype)
     with pytest.raises(ValueError, match=message):
-        vllm_cpu.paged_conv1d_prefill(torch.zeros(3, channels, dtype=dtype), torch.zeros(channels, width, dtype=dtype),
+        vllm_cpu.conv1d_prefill_pages(torch.zeros(3, channels, dtype=dtype), torch.zeros(channels, width, dtype=dtype),
                                       cache, torch.tensor([0, 3]), torch.tensor([1]), torch.tensor([False]),
                                       change.get("activation", "silu"))
     assert torch.equal(cache, torch.zeros_like(cache))
@@ -216,7 +216,7 @@ def test_vllm_cpu_paged_conv_decode_matches_reference(activation):
     x = torch.randn(len(pages), channels, generator=gen).to(BF16)
     weight = (0.5 * torch.randn(channels, 4, generator=gen)).to(BF16)
 
-    y = vllm_cpu.paged_conv1d_decode(x, weight, cache, torch.tensor(pages), torch.tensor(is_real), activation)
+    y = vllm_cpu.conv1d_decode_pages(x, weight, cache, torch.tensor(pages), torch.tensor(is_real), activation)
 
     live = [r for r, real in enumerate(is_real) if real]
     live_pages = [pages[r] for r in live]
@@ -246,12 +246,12 @@ def test_vllm_cpu_paged_conv_reads_a_column_slice_of_the_projection(op, tokens):
     weight = (0.5 * torch.randn(channels, 4, generator=gen)).to(BF16)
     if op == "prefill":
         bounds = torch.tensor([0, tokens])
-        y = vllm_cpu.paged_conv1d_prefill(x, weight, cache, bounds, torch.tensor([2]), torch.tensor([True]), "silu")
+        y = vllm_cpu.conv1d_prefill_pages(x, weight, cache, bounds, torch.tensor([2]), torch.tensor([True]), "silu")
         y_ref, final_ref = causal_conv1d(x, weight, bounds, before[[2]].double(), "silu")
         assert torch.equal(cache[[2]].double(), final_ref)
     else:
         pages = torch.arange(tokens)
-        y = vllm_cpu.paged_conv1d_decode(x, weight, cache, pages, torch.ones(tokens, dtype=torch.bool), "silu")
+        y = vllm_cpu.conv1d_decode_pages(x, weight, cache, pages, torch.ones(tokens, dtype=torch.bool), "silu")
         y_ref, window_ref = causal_conv1d_step(x, weight, before[pages], "silu")
         assert torch.equal(cache[pages].double(), window_ref)
     assert_matches(y, y_ref, BF16, "y")

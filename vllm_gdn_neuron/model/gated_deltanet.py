@@ -19,13 +19,13 @@ shells adapt their engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep
 their cache into ``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
 """
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops.phases import TORCH_PHASES, GDNPhases
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,7 @@ def gdn_mix(
     prefill: "ops.PrefillStep | None",
     *,
     verify: "ops.VerifyStep | None" = None,
-    paged: bool = True,
-    paged_ops=ops,
+    phases: GDNPhases = TORCH_PHASES,
 ) -> torch.Tensor:
     """Run the verify tokens, the decode rows, then the prefill tokens, of one step; the pages
     advance in place.
@@ -128,16 +127,9 @@ def gdn_mix(
         qkv: ``[T, C]`` in the model dtype; a, b: ``[T, Hv]``.
         conv_weight: ``[C, K]``; A_log, dt_bias: ``[Hv]`` float32.
         caches: the layer's pages.
-        decode, prefill, verify: the step's metadata (None for a part with no tokens). The
-            verify part runs ``ops.paged_*_verify``: its recurrence on the backend
-            ``paged_ops`` binds for it where that provider has one (a layer's
-            ``LayerBackends``: the decode phase's), else the trace-safe torch math.
-        paged: run the trace-safe paged ops (torch math; the only choice inside a compiled
-            graph). False: the public ops, which dispatch to ``$VLLM_GDN_BACKEND`` (``nki``
-            in its interpreter, ``vllm_cpu``) and check their inputs on the host at every
-            call: eager engines only.
-        paged_ops: the provider of the four paged ops: ``ops`` (torch math), or
-            ``ops.paged_nki`` (the NKI kernels through their adapter, same signatures).
+        decode, prefill, verify: the step's metadata (None for a part with no tokens).
+        phases: the layer's paged op of each phase (``ops.phases.resolve_phases``, resolved
+            when the layer was built); the torch math by default.
 
     Returns:
         ``core [T, Hv, Dv]`` in qkv's dtype; zeros for tokens of neither part.
@@ -145,59 +137,19 @@ def gdn_mix(
     parts = []
     start = 0
     step_parts = (
-        (verify, verify.num_tokens if verify else 0,
-         _paged(ops.paged_conv1d_verify, getattr(paged_ops, "paged_gdn_verify", _torch_gdn_verify))),
-        (decode, decode.num_rows if decode else 0,
-         _paged(paged_ops.paged_conv1d_decode, paged_ops.paged_gdn_decode) if paged else _dispatched_decode),
-        (prefill, prefill.num_tokens if prefill else 0,
-         _paged(paged_ops.paged_conv1d_prefill, paged_ops.paged_gdn_prefill) if paged else _dispatched_prefill),
+        (verify, verify.num_tokens if verify else 0, phases.conv_verify, phases.gdn_verify),
+        (decode, decode.num_rows if decode else 0, phases.conv_decode, phases.gdn_decode),
+        (prefill, prefill.num_tokens if prefill else 0, phases.conv_prefill, phases.gdn_prefill),
     )
-    for step, size, mix in step_parts:
+    for step, size, conv_op, gdn_op in step_parts:
         if step is None:
             continue
         stop = start + size
         g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        parts.append(mix(dims, qkv[start:stop], conv_weight, g, beta, caches, step))
+        q, k, v = dims.split_heads(conv_op(qkv[start:stop], conv_weight, caches.conv, step))
+        parts.append(gdn_op(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True))
         start = stop
     rest = qkv.shape[0] - start
     if rest or not parts:
         parts.append(qkv.new_zeros(rest, dims.num_v_heads, dims.head_v_dim))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-
-_torch_gdn_verify = functools.partial(ops.paged_gdn_verify, backend="torch")
-
-
-def _paged(conv_op, gdn_op):
-    """One part of the step through a paged conv op and the paged gated delta rule after it."""
-
-    def mix(dims, qkv, conv_weight, g, beta, caches, step):
-        q, k, v = dims.split_heads(conv_op(qkv, conv_weight, caches.conv, step))
-        return gdn_op(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True)
-
-    return mix
-
-
-def _dispatched_decode(dims, qkv, conv_weight, g, beta, caches, step):
-    pages, ssm = step.pages, caches.ssm
-    q, k, v = dims.split_heads(ops.conv1d_decode(qkv, conv_weight, caches.conv, pages))
-    if ssm.dtype == torch.float32:
-        return ops.gdn_decode(q, k, v, g, beta, ssm, pages, use_qk_l2norm=True)
-    staged = ssm.index_select(0, pages).float()  # a bf16 recurrent cache, staged through float32 rows
-    o = ops.gdn_decode(q, k, v, g, beta, staged, torch.arange(staged.shape[0], device=pages.device),
-                       use_qk_l2norm=True)
-    ssm.index_copy_(0, pages, staged.to(ssm.dtype))
-    return o
-
-
-def _dispatched_prefill(dims, qkv, conv_weight, g, beta, caches, step):
-    real = int(step.query_start_loc[-1])  # host read: eager only
-    pages, fresh, bounds = step.pages, ~step.has_state, step.query_start_loc
-    conv0 = torch.where(fresh[:, None, None], 0, caches.conv.index_select(0, pages))
-    x, conv1 = ops.conv1d_prefill(qkv[:real], conv_weight, bounds, initial_state=conv0)
-    caches.conv.index_copy_(0, pages, conv1.to(caches.conv.dtype))
-    q, k, v = dims.split_heads(x)
-    ssm0 = torch.where(fresh[:, None, None, None], 0, caches.ssm.index_select(0, pages).float())
-    o, ssm1 = ops.gdn_prefill(q, k, v, g[:real], beta[:real], bounds, initial_state=ssm0, use_qk_l2norm=True)
-    caches.ssm.index_copy_(0, pages, ssm1.to(caches.ssm.dtype))
-    return torch.cat([o, o.new_zeros(qkv.shape[0] - real, dims.num_v_heads, dims.head_v_dim)])

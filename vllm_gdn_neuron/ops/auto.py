@@ -113,7 +113,7 @@ def decide(flags, phase: str, time_candidates: Callable[[], dict]) -> Choice:
 @functools.cache
 def refusal(phase: str, shape) -> "str | None":
     """Why ``vllm_cpu`` cannot run ``phase`` on ``shape`` (a message), or None where it can (once
-    per process and shape: the eager paged ops ask at every call)."""
+    per process and shape)."""
     from .backends import vllm_cpu
 
     if not vllm_cpu.is_available():
@@ -175,7 +175,10 @@ def _phase_call(phase, shape):
     """``run(backend)``: the paged op of ``phase`` on one fresh sequence of ``MEASURE_TOKENS``
     tokens on page 1, or ``MEASURE_DECODE_ROWS`` decode rows on pages 1, 2, ... (page 0 spare)."""
     from . import paged
+    from .backends import vllm_cpu
     from .step import DecodeStep, PrefillStep
+
+    modules = {"torch": paged, "vllm_cpu": vllm_cpu}
 
     if phase.endswith("prefill"):
         tokens, pages = MEASURE_TOKENS, torch.ones(1, dtype=torch.int64)
@@ -184,14 +187,14 @@ def _phase_call(phase, shape):
     else:
         tokens = MEASURE_DECODE_ROWS
         step = DecodeStep.build(torch.arange(1, tokens + 1))
+    op_name = {"conv_prefill": "paged_conv1d_prefill", "conv_decode": "paged_conv1d_decode",
+               "gdn_prefill": "paged_gdn_prefill", "gdn_decode": "paged_gdn_decode"}[phase]
     if phase.startswith("conv"):
-        op = paged.paged_conv1d_prefill if phase == "conv_prefill" else paged.paged_conv1d_decode
         x, weight, cache = _conv_tensors(shape, tokens, step.pages.numel() + 1)
-        return lambda backend: op(x, weight, cache, step, activation=shape.activation, backend=backend)
-    op = paged.paged_gdn_prefill if phase == "gdn_prefill" else paged.paged_gdn_decode
+        return lambda backend: getattr(modules[backend], op_name)(x, weight, cache, step, activation=shape.activation)
     q, k, v, g, beta, cache = _gdn_tensors(shape, tokens, step.pages.numel() + 1)
-    return lambda backend: op(q, k, v, g, beta, cache, step, scale=shape.scale, use_qk_l2norm=True,
-                              backend=backend)
+    return lambda backend: getattr(modules[backend], op_name)(q, k, v, g, beta, cache, step, scale=shape.scale,
+                                                              use_qk_l2norm=True)
 
 
 def time_candidates(phase: str, shape) -> dict:

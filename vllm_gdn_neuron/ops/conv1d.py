@@ -8,6 +8,7 @@ import torch
 from .dispatch import select_backend
 from .validation import (
     ACTIVATION_DTYPES,
+    ACTIVATIONS,
     check_choice,
     check_conv_weight,
     check_cu_seqlens,
@@ -16,8 +17,6 @@ from .validation import (
     check_tensor,
     conv_state_dtypes,
 )
-
-ACTIVATIONS = ("silu", None)
 
 
 def conv1d_prefill(x, weight, cu_seqlens, *, initial_state=None, activation="silu", backend="auto"):

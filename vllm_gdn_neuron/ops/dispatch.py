@@ -7,24 +7,24 @@ An op the chosen backend does not implement runs on ``torch`` under ``auto`` (in
 
 On the CPU, ``auto`` runs each GDN call on the backend ``vllm_gdn_neuron.ops.auto`` chose for
 its phase and shape, by the CPU's instruction sets or a measurement at the first call of that
-shape; other calls, and other devices, run on ``torch``. The serving layer makes the same
-choice once, at construction (``ops.layer_backends``), and names the backends in its calls.
+shape; other calls, and other devices, run on ``torch``. These are the public varlen ops'
+rules; a serving layer's paged ops are chosen once, at construction (``ops.phases``).
 """
 
 import functools
 import importlib
 import importlib.util
-import os
 import sys
 import types
 
 import torch
 
-from .auto import Choice, ConvShape, GdnShape, choose, refusal
+from vllm_gdn_neuron import envs
 
-BACKENDS = ("torch", "nki", "vllm_cpu")
-ENV_VAR = "VLLM_GDN_BACKEND"
-NEURON_DEVICE_TYPES = ("xla", "neuron")
+from .auto import Choice, GdnShape, choose
+from .phases import BACKENDS, NEURON_DEVICE_TYPES
+
+ENV_VAR = envs.GDN_BACKEND
 
 
 def _gdn_shape(q, v, scale, ssm_dtype):
@@ -90,6 +90,13 @@ def _nki_is_usable(device):
     return _is_available("nki")
 
 
+@functools.cache
+def env_override() -> str:
+    """``$VLLM_GDN_BACKEND`` (``"auto"`` when unset), read once per process, at the first public
+    op call under ``backend="auto"``."""
+    return envs.gdn_backend()
+
+
 def _check_name(argument, name):
     if name not in BACKENDS:
         raise ValueError(f"{argument}: expected one of {('auto',) + BACKENDS}, got {name!r}")
@@ -109,8 +116,8 @@ def select_backend(backend, op_name, device):
         either has a function named ``op_name``.
     """
     if backend == "auto":
-        override = os.environ.get(ENV_VAR, "").strip()
-        if override and override != "auto":
+        override = env_override()
+        if override != "auto":
             _check_name(ENV_VAR, override)
             module = load_backend(override)
             return module if hasattr(module, op_name) else _require_op("torch", op_name, ENV_VAR)
@@ -121,17 +128,6 @@ def select_backend(backend, op_name, device):
         return _require_op("torch", op_name, "backend")
     _check_name("backend", backend)
     return _require_op(backend, op_name, "backend")
-
-
-def backend_name(backend, op_name, device):
-    """The backend ``select_backend`` resolves ``backend`` to for ``op_name`` on ``device``.
-
-    Returns:
-        A name in ``BACKENDS``, or ``"auto"`` where ``auto`` chooses per shape (the CPU's
-        choice, ``vllm_gdn_neuron.ops.auto``).
-    """
-    chosen = select_backend(backend, op_name, device)
-    return chosen.__name__.rsplit(".", 1)[-1] if isinstance(chosen, types.ModuleType) else "auto"
 
 
 def _require_op(name, op_name, argument):
@@ -155,66 +151,3 @@ def _measured_choice(op_name):
     run.__name__ = run.__qualname__ = op_name
     return types.SimpleNamespace(**{op_name: run})
 
-
-def _gdn_rows_in_place(q, v, ssm_cache, scale):
-    """The shape of an in-place GDN call on CPU cache rows, each contiguous, else None."""
-    if q.device.type != "cpu" or not load_backend("vllm_cpu").rows_contiguous(ssm_cache):
-        return None
-    return _gdn_shape(q, v, scale, ssm_cache.dtype)
-
-
-def _conv_in_place(x, weight, conv_cache, activation):
-    """The shape of an in-place conv call on CPU pages, else None."""
-    if x.device.type != "cpu":
-        return None
-    return ConvShape(x.dtype, weight.dtype, conv_cache.dtype, weight.shape[0], weight.shape[1], activation)
-
-
-#: The in-place cache-page ops of ``vllm_cpu`` that eager paged ops may call: their phase in
-#: ``vllm_gdn_neuron.ops.auto`` and the shape of a call (from the arguments ``select_in_place``
-#: takes for it), None where the tensors themselves rule the kernel out.
-IN_PLACE_RULES = {
-    "paged_gdn_prefill": ("gdn_prefill", _gdn_rows_in_place),   # (q, v, ssm_cache, scale)
-    "gdn_decode": ("gdn_decode", _gdn_rows_in_place),           # (q, v, ssm_cache, scale)
-    # Verify rows are decode steps over 1 + N tokens: the decode phase's choice, whose kernel
-    # has a speculative variant with the same per-token update.
-    "paged_gdn_verify": ("gdn_decode", _gdn_rows_in_place),     # (q, v, ssm_cache, scale)
-    "paged_conv1d_prefill": ("conv_prefill", _conv_in_place),   # (x, weight, conv_cache, activation)
-    "paged_conv1d_decode": ("conv_decode", _conv_in_place),     # (x, weight, conv_cache, activation)
-}
-IN_PLACE_OPS = tuple(IN_PLACE_RULES)
-PAGED_BACKENDS = ("auto", "torch", "vllm_cpu")
-
-
-def select_in_place(op_name, backend, *args):
-    """The ``vllm_cpu`` function an eager CPU paged op can run on its cache, or None for torch.
-
-    Args:
-        op_name: one of ``IN_PLACE_OPS`` (the backend functions of those names, which update
-            cache pages in place).
-        backend: ``"torch"`` (None), ``"vllm_cpu"`` (the kernel wherever it can run the call's
-            tensors), or ``"auto"``: ``$VLLM_GDN_BACKEND`` when it names ``torch`` or
-            ``vllm_cpu``, else the kernel where ``auto.choose`` took it for the call's shape.
-        args: the ones its shape rule in ``IN_PLACE_RULES`` takes.
-
-    Never for traced code (C++ calls).
-    """
-    if op_name not in IN_PLACE_RULES:
-        raise ValueError(f"op_name: expected one of {IN_PLACE_OPS}, got {op_name!r}")
-    if backend == "auto":
-        override = os.environ.get(ENV_VAR, "").strip()
-        if override not in ("", "auto"):
-            backend = override if override == "vllm_cpu" else "torch"
-    elif backend not in PAGED_BACKENDS:
-        raise ValueError(f"backend: expected one of {PAGED_BACKENDS}, got {backend!r}")
-    if backend == "torch":
-        return None
-    phase, shape_of = IN_PLACE_RULES[op_name]
-    shape = shape_of(*args)
-    if shape is None:
-        return None
-    if backend == "auto":
-        runs_on_vllm_cpu = choose(phase, shape).backend == "vllm_cpu"
-    else:
-        runs_on_vllm_cpu = refusal(phase, shape) is None
-    return getattr(load_backend("vllm_cpu"), op_name) if runs_on_vllm_cpu else None

@@ -1,4 +1,4 @@
-"""Public Gated DeltaNet ops: chunked prefill, one-token decode, and GDN-2 prefill.
+"""Public Gated DeltaNet ops: chunked prefill and one-token decode.
 
 Packed varlen layout: the tokens of all sequences end to end, sequence n spanning
 ``cu_seqlens[n]:cu_seqlens[n + 1]``. States are float32, K-major ``[.., Dk, Dv]``
@@ -9,7 +9,6 @@ import torch
 
 from .dispatch import select_backend
 from .validation import (
-    check_choice,
     check_cu_seqlens,
     check_decay,
     check_qkv,
@@ -20,7 +19,6 @@ from .validation import (
 )
 
 F32 = (torch.float32,)
-STATE_LAYOUTS = ("kv", "vk")
 
 
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, *, initial_state=None, scale=None, use_qk_l2norm=False,
@@ -88,44 +86,3 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, *, scale=None, use_qk_l2n
     o[keep] = module.gdn_decode(q[keep], k[keep], v[keep], g[keep], beta[keep], state, indices[keep], scale,
                                 bool(use_qk_l2norm))
     return o
-
-
-def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, *, initial_state=None, scale=None, use_qk_l2norm=False,
-                 state_layout="kv", backend="auto"):
-    """GDN-2 (channel-wise gates) over packed prompts (chunked).
-
-    Args:
-        q, k: ``[T, Hk, Dk]`` float32 or bfloat16.
-        v: ``[T, Hv, Dv]``, q's dtype.
-        g: ``[T, Hv, Dk]`` float32 natural-log decay per key channel, <= 0.
-        beta: ``[T, Hv, Dk]`` float32 write strength per key channel.
-        w: ``[T, Hv, Dv]`` float32 value weight per value channel, or None for ones.
-        cu_seqlens: ``[N + 1]`` int32 or int64 sequence boundaries.
-        initial_state: float32 ``[N, Hv, Dk, Dv]`` (``state_layout="kv"``) or ``[N, Hv, Dv, Dk]``
-            (``"vk"``, flashinfer's), or None for zeros.
-        scale, use_qk_l2norm, backend: as in ``gdn_prefill``.
-        state_layout: ``"kv"`` or ``"vk"``, for the initial and the final state alike.
-
-    Returns:
-        ``(o, final_state)``: ``[T, Hv, Dv]`` in q's dtype, final state float32 in ``state_layout``.
-    """
-    tokens, _, dim_k, num_v_heads, dim_v = check_qkv(q, k, v, "T")
-    check_tensor("g", g, (("T", tokens), ("Hv", num_v_heads), ("Dk", dim_k)), F32)
-    check_tensor("beta", beta, (("T", tokens), ("Hv", num_v_heads), ("Dk", dim_k)), F32)
-    if w is not None:
-        check_tensor("w", w, (("T", tokens), ("Hv", num_v_heads), ("Dv", dim_v)), F32)
-    bounds = check_cu_seqlens(cu_seqlens, tokens)
-    check_choice("state_layout", state_layout, STATE_LAYOUTS)
-    if initial_state is not None:
-        inner = (("Dk", dim_k), ("Dv", dim_v)) if state_layout == "kv" else (("Dv", dim_v), ("Dk", dim_k))
-        check_tensor("initial_state", initial_state, (("N", bounds.numel() - 1), ("Hv", num_v_heads)) + inner, F32)
-        if state_layout == "vk":
-            initial_state = initial_state.transpose(-1, -2)
-    device = check_same_device(q=q, k=k, v=v, g=g, beta=beta, w=w, initial_state=initial_state)
-    scale = resolve_scale(scale, dim_k)
-    check_decay("g", g)
-    module = select_backend(backend, "gdn2_prefill", device)
-    o, final_state = module.gdn2_prefill(q, k, v, g, beta, w, bounds, initial_state, scale, bool(use_qk_l2norm))
-    if state_layout == "vk":
-        final_state = final_state.transpose(-1, -2).contiguous()
-    return o, final_state

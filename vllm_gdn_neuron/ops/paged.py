@@ -25,11 +25,10 @@ import torch.nn.functional as F
 from .backends.torch import chunked, recurrent
 from .backends.torch.common import prepare_qk
 from .backends.torch.conv1d import conv_over_rows, window_dot
-from .conv1d import ACTIVATIONS
-from .dispatch import select_in_place
 from .step import DecodeStep, PrefillStep, VerifyStep
 from .validation import (
     ACTIVATION_DTYPES,
+    ACTIVATIONS,
     check_choice,
     check_conv_weight,
     check_qkv,
@@ -42,12 +41,12 @@ F32 = (torch.float32,)
 SSM_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _check_step(step, kind):
+def check_step_kind(step, kind):
     if not isinstance(step, kind):
         raise ValueError(f"step: expected a {kind.__name__}, got {type(step).__name__}")
 
 
-def _check_conv(x, weight, conv_cache, rows_label, rows, activation):
+def check_conv(x, weight, conv_cache, rows_label, rows, activation):
     _, channels = check_tensor("x", x, ((rows_label, rows), ("C", None)), ACTIVATION_DTYPES)
     width = check_conv_weight(weight, channels)
     check_tensor("conv_cache", conv_cache, (("P", None), ("C", channels), ("K", width)), conv_state_dtypes(x))
@@ -55,7 +54,7 @@ def _check_conv(x, weight, conv_cache, rows_label, rows, activation):
     return channels, width
 
 
-def _check_gdn(q, k, v, g, beta, ssm_cache, rows_label, rows):
+def check_gdn(q, k, v, g, beta, ssm_cache, rows_label, rows):
     _, _, dim_k, num_v_heads, dim_v = check_qkv(q, k, v, rows_label, rows)
     check_tensor("g", g, ((rows_label, rows), ("Hv", num_v_heads)), F32)
     check_tensor("beta", beta, ((rows_label, rows), ("Hv", num_v_heads)), F32)
@@ -75,11 +74,8 @@ def _initial_rows(cache, step):
     return torch.where(keep, rows, 0.0)
 
 
-def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu", backend="auto"):
+def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
     """One conv1d step per decode row; each row's page becomes its window.
-
-    Eagerly on CPU, where ``backend`` takes vLLM's C++ conv step and it can run the inputs (bf16
-    everywhere, K = 4, C a multiple of 32, AVX-512 BF16), that kernel runs instead.
 
     Dimensions:
         N: decode rows (bucket-padded), C: channels, K: kernel width, P: cache pages.
@@ -90,17 +86,12 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu", backe
         conv_cache: ``[P, C, K]`` float32 or x's dtype; pages ``step.pages`` are rewritten.
         step: the step's ``DecodeStep``.
         activation: ``"silu"`` or None.
-        backend: ``"auto"``, ``"torch"`` or ``"vllm_cpu"`` (``dispatch.select_in_place``).
 
     Returns:
         ``y``: ``[N, C]`` in x's dtype; padding rows zero.
     """
-    _check_step(step, DecodeStep)
-    _check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
-    fast = None if torch.compiler.is_compiling() else select_in_place(
-        "paged_conv1d_decode", backend, x, weight, conv_cache, activation)
-    if fast is not None:
-        return fast(x, weight, conv_cache, step.pages, step.is_real, activation)
+    check_step_kind(step, DecodeStep)
+    check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
     rows = conv_cache.index_select(0, step.pages)
     y, window = _conv_step(rows, x, weight, activation)
     conv_cache.index_copy_(0, step.pages, window.to(rows.dtype))
@@ -114,15 +105,14 @@ def _conv_step(window, x, weight, activation):
     return _activate(window_dot(window, weight), activation), window
 
 
-def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu", backend="auto"):
+def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
     """Causal conv1d over the step's packed prompts, from (and back to) their pages.
 
     Every sequence is laid out behind its K-row incoming state in one token-major float32 buffer
     ``[state_0; x_0; state_1; x_1; ...; zeros; padding tokens]`` and one depthwise conv runs down
     it (``conv_over_rows``): each output reads at most K - 1 rows back, never past its own state;
     each final state is the K rows ending at the sequence's last token (its incoming state for an
-    empty sequence). Eagerly on CPU, where ``backend`` takes vLLM's C++ conv and it can run the
-    inputs (bf16 everywhere, K = 4, C a multiple of 32, AVX-512 BF16), that kernel runs instead.
+    empty sequence).
 
     Args:
         x: ``[T, C]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -130,17 +120,12 @@ def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu", back
         conv_cache: ``[P, C, K]`` float32 or x's dtype; pages ``step.pages`` get the final states.
         step: the step's ``PrefillStep``.
         activation: ``"silu"`` or None.
-        backend: as in ``paged_conv1d_decode``.
 
     Returns:
         ``y``: ``[T, C]`` in x's dtype; padding tokens zero.
     """
-    _check_step(step, PrefillStep)
-    channels, width = _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
-    fast = None if torch.compiler.is_compiling() else select_in_place(
-        "paged_conv1d_prefill", backend, x, weight, conv_cache, activation)
-    if fast is not None:
-        return fast(x, weight, conv_cache, step.query_start_loc, step.pages, step.has_state, activation)
+    check_step_kind(step, PrefillStep)
+    channels, width = check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
     num_tokens, num_seqs, device = step.num_tokens, step.num_seqs, x.device
     bounds = step.query_start_loc
     taps = torch.arange(width, device=device)
@@ -158,7 +143,7 @@ def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu", back
     return torch.where(step.is_real_token[:, None], y, 0.0).to(x.dtype)
 
 
-def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False, backend="auto"):
+def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
     """One gated delta rule step per decode row, from and back to its page.
 
     Per value head: ``S <- exp(g) S``; ``v_new = beta (v - S^T k)``; ``S <- S + k v_new^T``;
@@ -166,8 +151,7 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     ``[k; q]^T S``. Traced (or with a bfloat16 cache) the rows are gathered, stepped and written
     back whole; run eagerly on a float32 cache, the torch backend updates them in place (same
     math, padding rows left out; the gathered copy measured 2.4x slower for 32 rows of
-    32 x 128 x 128 on CPU; the in-place step loops over rows on the host, so eager only). The
-    in-place step is vLLM's fused C++ decode where ``backend`` takes it (``dispatch.select_in_place``).
+    32 x 128 x 128 on CPU; the in-place step loops over rows on the host, so eager only).
 
     Args:
         q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
@@ -177,16 +161,15 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
         step: the step's ``DecodeStep``.
         scale: output scale, None for ``Dk ** -0.5``.
         use_qk_l2norm: L2-normalise q and k per head (float32) first.
-        backend: ``"auto"``, ``"torch"`` or ``"vllm_cpu"`` (``dispatch.select_in_place``).
 
     Returns:
         ``o``: ``[N, Hv, Dv]`` in q's dtype; padding rows zero.
     """
-    _check_step(step, DecodeStep)
-    dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
+    check_step_kind(step, DecodeStep)
+    dim_k = check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
     scale = resolve_scale(scale, dim_k)
     if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
-        return _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm), backend)
+        return decode_in_place(recurrent.gdn_decode, q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm))
     state = ssm_cache.index_select(0, step.pages).float()
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
     o, new = _gdn_step(state, q, k, v, g, beta)
@@ -226,13 +209,13 @@ def _gdn_advance(state, k_q, decay, kq, v, beta):
     return o, new
 
 
-def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm, backend):
-    """Eager decode through the torch backend, which updates the pages where they are.
+def decode_in_place(step_fn, q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm):
+    """Eager decode through ``step_fn`` (a backend's ``gdn_decode``), which updates the pages
+    where they are.
 
-    The backend takes distinct pages, so padding rows (which share the pad page) are left out;
+    The backends take distinct pages, so padding rows (which share the pad page) are left out;
     whether there are any is one host read of ``[N]`` booleans, done only eagerly.
     """
-    step_fn = select_in_place("gdn_decode", backend, q, v, ssm_cache, scale) or recurrent.gdn_decode
     if bool(step.is_real.all()):
         return step_fn(q, k, v, g, beta, ssm_cache, step.pages, scale, use_qk_l2norm)
     real = step.is_real
@@ -242,14 +225,11 @@ def _decode_in_place(q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm, ba
     return o
 
 
-def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False, backend="auto"):
+def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
     """Chunked gated delta rule over the step's packed prompts, from and back to their pages.
 
     Runs the torch backend's chunked scan on ``step.chunks`` (a layout planned per bucket, or
-    exactly from the host values with ``PrefillStep.build(exact_plan=True)``). Eagerly on CPU,
-    where ``backend`` takes vLLM's C++ kernel and it can run the inputs (bf16, Dk = Dv in
-    {64, 128}, float32 cache with contiguous pages), that kernel advances the pages in place
-    instead.
+    exactly from the host values with ``PrefillStep.build(exact_plan=True)``).
 
     Args:
         q, k: ``[T, Hk, Dk]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -257,19 +237,14 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l
         g, beta: ``[T, Hv]`` float32 (g <= 0).
         ssm_cache: ``[P, Hv, Dk, Dv]`` float32 or bfloat16; pages ``step.pages`` get the final states.
         step: the step's ``PrefillStep``.
-        scale, use_qk_l2norm, backend: as in ``paged_gdn_decode``.
+        scale, use_qk_l2norm: as in ``paged_gdn_decode``.
 
     Returns:
         ``o``: ``[T, Hv, Dv]`` in q's dtype; padding tokens zero.
     """
-    _check_step(step, PrefillStep)
-    dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
+    check_step_kind(step, PrefillStep)
+    dim_k = check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
     scale = resolve_scale(scale, dim_k)
-    fast = None if torch.compiler.is_compiling() else select_in_place(
-        "paged_gdn_prefill", backend, q, v, ssm_cache, scale)
-    if fast is not None:
-        return fast(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.has_state, scale,
-                    bool(use_qk_l2norm))
     o, final = chunked.gdn_prefill(q, k, v, g, beta, None, _initial_rows(ssm_cache, step), scale,
                                    bool(use_qk_l2norm), layout=step.chunks)
     ssm_cache.index_copy_(0, step.pages, final.to(ssm_cache.dtype))
@@ -313,8 +288,8 @@ def paged_conv1d_verify(x, weight, conv_cache, step, *, activation="silu"):
     Returns:
         ``y``: ``[T, C]`` in x's dtype; padding tokens zero.
     """
-    _check_step(step, VerifyStep)
-    _, width = _check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
+    check_step_kind(step, VerifyStep)
+    _, width = check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
     grid = _grid(x, step)                                                     # [R, W, C]
     held = torch.cat([conv_cache.index_select(0, step.source_pages), grid.transpose(1, 2).to(conv_cache.dtype)], -1)
     # The window after each token, as a stack of slices: torch-mlir has no lowering of aten.unfold.
@@ -324,16 +299,13 @@ def paged_conv1d_verify(x, weight, conv_cache, step, *, activation="silu"):
     return _packed(_activate(y, activation), step).to(x.dtype)
 
 
-def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False, backend="auto"):
+def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
     """Gated delta rule over the verify rows of a speculative step, one state page per draft position.
 
     Row r starts from the state on ``step.source_pages[r]``; the state after its token t is
     written to ``step.write_pages[r, t]`` (the pad page for positions without a token). Each token
     is the decode step of ``paged_gdn_decode`` (same math, the state rounded to the cache dtype
-    between tokens as a decode step would leave it). Eagerly on CPU, where ``backend`` takes
-    vLLM's C++ decode for the decode phase (``dispatch.select_in_place``: the same shapes, the
-    same fused per-token update), vLLM's speculative variant of that kernel advances the pages
-    in place instead.
+    between tokens as a decode step would leave it).
 
     Args:
         q, k: ``[T, Hk, Dk]`` float32 or bfloat16, T = ``step.num_tokens``.
@@ -341,19 +313,14 @@ def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
         g, beta: ``[T, Hv]`` float32 (g <= 0).
         ssm_cache: ``[P, Hv, Dk, Dv]`` float32 or bfloat16; pages ``step.write_pages`` are rewritten.
         step: the step's ``VerifyStep``.
-        scale, use_qk_l2norm, backend: as in ``paged_gdn_decode``.
+        scale, use_qk_l2norm: as in ``paged_gdn_decode``.
 
     Returns:
         ``o``: ``[T, Hv, Dv]`` in q's dtype; padding tokens zero.
     """
-    _check_step(step, VerifyStep)
-    dim_k = _check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
+    check_step_kind(step, VerifyStep)
+    dim_k = check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens)
     scale = resolve_scale(scale, dim_k)
-    fast = None if torch.compiler.is_compiling() else select_in_place(
-        "paged_gdn_verify", backend, q, v, ssm_cache, scale)
-    if fast is not None:
-        return fast(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.num_accepted, scale,
-                    bool(use_qk_l2norm))
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
     q, k, v, g, beta = (_grid(t, step) for t in (q, k, v, g, beta))
     k_q, decay, kq = _gdn_token_terms(q, k, g)

@@ -130,7 +130,8 @@ class VerifyStep:
         token_slot: ``[T]`` int64 flat ``r * W + t`` position of each packed token (0 for padding).
         is_real_token: ``[T]`` bool, the tokens of a row.
         query_start_loc: ``[R + 1]`` int64 row boundaries in the packed tokens.
-        num_accepted: ``[R]`` int64 in ``[1, W]``: the row's state is on ``pages[r, num_accepted[r] - 1]``.
+        num_accepted: ``[R]`` int64, as given (``check_step`` holds it in ``[1, W]``): the row's state
+            is on ``pages[r, num_accepted[r] - 1]``.
     """
 
     pages: torch.Tensor
@@ -176,8 +177,8 @@ class VerifyStep:
         is_real_token = tokens < bounds[-1]
         slot = token_row * width + (tokens - bounds.index_select(0, token_row)) if num_rows else tokens
         token_slot = torch.where(is_real_token, slot, 0)
-        accepted = num_accepted.to(torch.int64).clamp(1, max(width, 1))
-        source_pages = pages[rows, accepted - 1]
+        accepted = num_accepted.to(torch.int64)
+        source_pages = pages[rows, accepted.clamp(1, max(width, 1)) - 1]
         write_pages = torch.where(is_real, pages, pad_page)
         return cls(pages, source_pages, write_pages, is_real, token_index, token_slot, is_real_token, bounds, accepted)
 

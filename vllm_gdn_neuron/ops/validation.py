@@ -7,6 +7,8 @@ import torch
 
 #: Activation dtypes the ops accept for q / k / v and the conv input x.
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
+#: The conv ops' ``activation`` choices.
+ACTIVATIONS = ("silu", None)
 #: vLLM's padded-slot marker (``vllm.v1.attention.backends.utils.PAD_SLOT_ID``).
 PAD_SLOT_ID = -1
 INDEX_DTYPES = (torch.int32, torch.int64)

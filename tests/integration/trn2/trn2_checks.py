@@ -8,7 +8,7 @@ Each check prints one line, ``[PASS]``, ``[FAIL]`` or ``[SKIP]``, its name and w
 - packages: the Neuron SDK, vLLM, vllm-neuron and this plugin importable, with versions;
 - plugin: vLLM's platform is Neuron and the plugin's Neuron architectures are registered;
 - ops: every GDN op through the ``nki`` backend, and the Neuron shell's paged ops through
-  ``ops.paged_nki``, on the device against the float64 references
+  it, on the device against the float64 references
   (``vllm_gdn_neuron.kernels.reference``);
 - serve: the tiny model served through the OpenAI API on the device, greedy ids equal to
   transformers' on the CPU.
@@ -194,7 +194,8 @@ def op_cases(device, backend: str) -> dict:
 
     from vllm_gdn_neuron import ops
     from vllm_gdn_neuron.kernels import reference
-    from vllm_gdn_neuron.ops import paged_nki
+    from vllm_gdn_neuron.ops import phases
+    from vllm_gdn_neuron.ops.gdn2 import gdn2_prefill as gdn2_op
 
     def compare(what, actual, expected, dtype):
         expected = expected.double()
@@ -265,13 +266,14 @@ def op_cases(device, backend: str) -> dict:
         gen = torch.Generator().manual_seed(7)
         g, beta = -20.0 * torch.rand(71, 4, 32, generator=gen), torch.rand(71, 4, 32, generator=gen)
         w, state = torch.rand(71, 4, 16, generator=gen), torch.randn(2, 4, 32, 16, generator=gen)
-        o, final = ops.gdn2_prefill(*on(q, k, v, g, beta, w, lengths), initial_state=state.to(device),
+        o, final = gdn2_op(*on(q, k, v, g, beta, w, lengths), initial_state=state.to(device),
                                     use_qk_l2norm=True, backend=backend)
         o_ref, final_ref = reference.gdn2_recurrence(q, k, v, g, beta, w, lengths, state, use_qk_l2norm=True)
         return [compare("o", o, o_ref, dtype), compare("final state", final, final_ref, dtype)]
 
-    # The Neuron shell's path: the paged ops on page-major caches (ops.paged_nki for nki).
-    paged = paged_nki.select(backend, torch.device(device))
+    # The Neuron shell's path: the paged ops on page-major caches (the nki backend's for nki).
+    paged = phases.backend_module(
+        "nki" if backend == "nki" or (backend == "auto" and phases.nki_runs_here()) else "torch")
 
     def paged_decode(dtype):
         gen = torch.Generator().manual_seed(8)

@@ -81,8 +81,8 @@ def test_allowed_python_passes_and_runs():
 
 def _project_kernels():
     found = []
-    for module_info in pkgutil.iter_modules(kernels_package.__path__):
-        module = importlib.import_module(f"{kernels_package.__name__}.{module_info.name}")
+    for module_info in pkgutil.walk_packages(kernels_package.__path__, f"{kernels_package.__name__}."):
+        module = importlib.import_module(module_info.name)  # subpackages too (gdn2/)
         for value in vars(module).values():
             if isinstance(value, Kernel) and value.func.__module__ == module.__name__:
                 found.append(value)

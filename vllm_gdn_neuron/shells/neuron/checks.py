@@ -11,7 +11,7 @@ checks are skipped.
 
 import logging
 
-from vllm_gdn_neuron.kernels.gdn_cte import MAX_HEAD_DIM
+from vllm_gdn_neuron.kernels.checks import MAX_HEAD_DIM
 from vllm_gdn_neuron.model.attention import check_attention_heads
 from vllm_gdn_neuron.model.dims import check_layer_types
 from vllm_gdn_neuron.model.mtp import check_mtp_config

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.ops import paged_nki
+from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
+from vllm_gdn_neuron.ops.phases import resolve_phases
 from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
 from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, BoundPages, GDNPageLayout
@@ -159,7 +160,10 @@ class NeuronGatedDeltaNet(nn.Module):
         self.state_pages: BoundPages | None = None
         # The NKI kernels where the nki backend is chosen (a Neuron SDK present, or
         # VLLM_GDN_BACKEND=nki), else the torch math; chosen once, outside any traced forward.
-        self.paged_ops = paged_nki.select("auto", torch.device("meta"))
+        self.phases = resolve_phases(
+            GdnShape(dtype, dims.num_k_heads, dims.num_v_heads, dims.head_k_dim, dims.head_v_dim,
+                     dims.head_k_dim ** -0.5, STATE_DTYPE),
+            ConvShape(dtype, dtype, STATE_DTYPE, dims.conv_dim, dims.conv_kernel, "silu"), "neuron")
 
     def kv_spec(self) -> RecurrentLayerSpec:
         return RecurrentLayerSpec(name=self.layer_name, shapes=(self.layout.conv_shape, self.layout.ssm_shape),
@@ -200,7 +204,7 @@ class NeuronGatedDeltaNet(nn.Module):
         caches = GDNCaches(conv=conv, ssm=ssm)
         core = gdn_mix(self.dims, self.in_proj_qkv(hidden), self.in_proj_a(hidden), self.in_proj_b(hidden),
                        self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill,
-                       verify=step.verify, paged_ops=self.paged_ops)
+                       verify=step.verify, phases=self.phases)
         states = self.layout.join(caches.conv, caches.ssm, page_elems)
         if step.verify is not None:
             if pending is None:

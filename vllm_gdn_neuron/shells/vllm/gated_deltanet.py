@@ -14,11 +14,9 @@ shell); this module only adapts vLLM's pieces to it:
   ``num_accepted_tokens``) become an ``ops.VerifyStep``, and a step mixing them with
   prefills is permuted (``spec_token_indx`` then ``non_spec_token_indx``) into the ops'
   verify-first order and back;
-- backend: chosen once, when the layer is built (``ops.layer_backends``: the CPU's
-  instruction sets or a start-up measurement on the layer's shapes, logged once; or
-  ``$VLLM_GDN_BACKEND``): the trace-safe paged ops, each phase on torch math or vLLM's C++
-  kernels; when ``$VLLM_GDN_BACKEND`` names ``nki`` (its interpreter) or ``vllm_cpu`` the
-  step runs through the public ops that dispatch to it (``gdn_mix(..., paged=False)``).
+- backend: each phase's paged op resolved once, when the layer is built (``ops.phases``: the
+  CPU's instruction sets or a start-up measurement on the layer's shapes, logged once; or
+  ``$VLLM_GDN_BACKEND``): torch math, vLLM's C++ kernels, or the NKI kernels.
 
 A step without this layer's metadata is refused, except vLLM's profiling run: vLLM runs
 the model once with ``attn_metadata=None`` before it allocates the cache, and then no
@@ -41,7 +39,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
-from vllm_gdn_neuron.ops.layer_backends import layer_backends
+from vllm_gdn_neuron.ops.phases import resolve_phases
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
 
@@ -118,7 +116,7 @@ class GatedDeltaNet(nn.Module, MambaBase):
         )
 
         conv_dtype, ssm_dtype = self.get_state_dtype()
-        self.backends = layer_backends(
+        self.phases = resolve_phases(
             GdnShape(self.model_dtype, self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim,
                      self.head_k_dim ** -0.5, ssm_dtype),
             ConvShape(self.model_dtype, self.conv1d.weight.dtype, conv_dtype, self.dims.conv_dim, self.conv_kernel,
@@ -176,8 +174,7 @@ class GatedDeltaNet(nn.Module, MambaBase):
                 qkv, a, b = (t.index_select(0, parts.order) for t in (qkv, a, b))
             core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
                            GDNCaches(conv=conv_cache, ssm=ssm_cache), parts.decode, parts.prefill,
-                           verify=parts.verify, paged=self.backends.dispatched is None,
-                           paged_ops=self.backends.paged_ops)
+                           verify=parts.verify, phases=self.phases)
             if parts.order is not None:
                 core = core.new_zeros(num_tokens, *core.shape[1:]).index_copy_(0, parts.order, core)
         out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
@@ -262,7 +259,6 @@ def engine_step(metadata, num_pages: int) -> StepParts:
     if _last_step[0] is metadata:
         return _last_step[1]
     verify = decode = prefill = order = None
-    decode_pages = prefill_args = verify_args = None
     if metadata.num_spec_decodes:
         n = metadata.num_spec_decodes
         verify_args = (metadata.spec_query_start_loc[: n + 1], metadata.spec_state_indices_tensor[:n],
@@ -278,15 +274,7 @@ def engine_step(metadata, num_pages: int) -> StepParts:
         prefill_args = (metadata.prefill_query_start_loc[: n + 1], metadata.prefill_state_indices[:n],
                         metadata.prefill_has_initial_state[:n])
         prefill = ops.PrefillStep.build(*prefill_args, metadata.num_prefill_tokens, exact_plan=True)
-    ops.check_step(
-        num_pages, PAD_PAGE, decode_pages=decode_pages,
-        prefill_query_start_loc=prefill_args[0] if prefill_args else None,
-        prefill_pages=prefill_args[1] if prefill_args else None,
-        prefill_has_state=prefill_args[2] if prefill_args else None,
-        num_prefill_tokens=metadata.num_prefill_tokens if prefill_args else None,
-        **(dict(zip(("verify_query_start_loc", "verify_pages", "verify_num_accepted", "num_verify_tokens"),
-                    verify_args)) if verify_args else {}),
-    )
+    ops.check_step(num_pages, PAD_PAGE, decode=decode, prefill=prefill, verify=verify)
     parts = StepParts(verify, decode, prefill, order)
     _last_step[:] = [metadata, parts]
     return parts

@@ -3,7 +3,7 @@
 Implements the contract of ``vllm_gdn_neuron.ops.backends`` in full.
 """
 
-from .chunked import gdn2_prefill, gdn_prefill
+from .chunked import gdn_prefill
 from .conv1d import conv1d_decode, conv1d_prefill
 from .recurrent import gdn_decode
 
@@ -12,4 +12,4 @@ def is_available():
     return True
 
 
-__all__ = ["conv1d_decode", "conv1d_prefill", "gdn2_prefill", "gdn_decode", "gdn_prefill", "is_available"]
+__all__ = ["conv1d_decode", "conv1d_prefill", "gdn_decode", "gdn_prefill", "is_available"]

@@ -1,4 +1,4 @@
-"""Chunked prefill of GDN (scalar gates) and GDN-2 (channel-wise gates), float32 throughout.
+"""Chunked prefill of GDN (scalar gates), float32 throughout; the scan GDN-2 (``ops.gdn2``) shares.
 
 Per chunk of C tokens with state S0 at its start (docs/gdn-math.md, section 3), with
 ``G = cumsum(g)`` and the writes ``V' = U - W S0`` the chunk actually makes:
@@ -8,8 +8,8 @@ Per chunk of C tokens with state S0 at its start (docs/gdn-math.md, section 3), 
     U    = T (beta V)        [GDN-2: T (w V)]          O  = exp(G) Q S0 + P V'
     W    = T (beta exp(G) K) [GDN-2: T (exp(G) beta K)] S1 = exp(G_C) S0 + (exp(G_C - G) K)^T V'
 
-The per-chunk tensors are built for a block of chunks at once (``_scalar_intra`` /
-``_channel_intra``); the sequential part (``_scan``) is three batched matmuls per chunk step
+The per-chunk tensors are built for a block of chunks at once (``_scalar_intra``, and
+``ops.gdn2.chunked``'s for channel-wise gates); the sequential part (``_scan``) is three batched matmuls per chunk step
 over all sequences and heads (``V'``, ``exp(G) Q S0`` and the state update); ``P V'`` is then
 one batched matmul over the whole block. With scalar gates beta folds into the C x C inverse
 instead of the C x D operands, and under GQA the value heads of one key head share one matmul
@@ -23,33 +23,30 @@ factors <= 1, and the diagonal sub-chunk blocks take the pairwise exp per channe
 
 import torch
 
+from vllm_gdn_neuron.kernels.l2norm import l2norm_factor
+
 from .chunk_layout import ChunkLayout, VarlenChunkLayout
-from .common import qk_factors
 from .triangular import unit_lower_inverse
 
-#: Chunk sizes C. Scalar gates: 32 measured faster than 64 (less C x C work, C x D operands of
-#: the same total size per block); channel-wise gates keep 64.
+#: Chunk size C: with scalar gates 32 is faster than 64 (less C x C work, C x D operands of the
+#: same total size per block); GDN-2's channel-wise gates keep 64 (``ops.gdn2.chunked``).
 GDN_CHUNK_SIZE = 32
-GDN2_CHUNK_SIZE = 64
-#: Sub-chunk size of the GDN-2 intra-chunk matrices (diagonal blocks use a [B, B, Dk] exp).
-SUB_CHUNK_SIZE = 16
 #: Chunks whose intra-chunk tensors are built together: bounds the temporaries (and keeps them
 #: closer to cache; 8 chunks x 16 heads x 32 x 128 fp32 = 2 MiB a tensor).
 GDN_BLOCK_CHUNKS = 8
-GDN2_BLOCK_CHUNKS = 8
 
 
-def _masked_exp_(diff, mask):
+def masked_exp_(diff, mask):
     """exp of pairwise log-decays, -inf (-> 0) where ``mask`` is set, before the exp; in place."""
     return diff.masked_fill_(mask, float("-inf")).exp_()
 
 
-def _per_value_head(x, group):
+def per_value_head(x, group):
     """``[m, Hk, ...]`` -> ``[m, Hk, group, ...]`` broadcast view (no copy)."""
     return x.unsqueeze(2).expand(x.shape[0], x.shape[1], group, *x.shape[2:])
 
 
-def _scaled_per_value_head(x, factor):
+def _scaledper_value_head(x, factor):
     """``x [m, Hk, C, D]`` times ``factor [m, Hk, G, C]`` -> ``[m, Hk * G, C, D]``.
 
     The output is allocated contiguous up front: left to broadcasting, torch picks a slow
@@ -79,53 +76,15 @@ def _scalar_intra(q, k, v, g, beta, group):
     cum = g.cumsum(-1).unflatten(1, (num_k_heads, group))                      # [m, Hk, G, C]
     beta = beta.unflatten(1, (num_k_heads, group))
     upper = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
-    decay = _masked_exp_(cum[..., :, None] - cum[..., None, :], upper)        # [m, Hk, G, C, C]
+    decay = masked_exp_(cum[..., :, None] - cum[..., None, :], upper)        # [m, Hk, G, C, C]
     k_t = k.transpose(-1, -2)
     by_beta = unit_lower_inverse((decay * beta[..., :, None]).mul_((k @ k_t).unsqueeze(2))).mul_(beta[..., None, :])
     p = decay.mul_((q @ k_t).unsqueeze(2))
     u = by_beta.view(m, hv, size, size) @ v
     head_decay = cum.exp()
     w = by_beta.mul_(head_decay[..., None, :]).view(m, num_k_heads, group * size, size) @ k
-    return (u, w.view(m, hv, size, dim_k), _scaled_per_value_head(q, head_decay), p.view(m, hv, size, size),
-            _scaled_per_value_head(k, (cum[..., -1:] - cum).exp_()), cum[..., -1].exp().view(m, hv, 1, 1))
-
-
-def _channel_intra(q, k, v, g, beta, w, group):
-    """Per-chunk tensors for channel-wise gates (GDN-2).
-
-    Args:
-        q, k: ``[m, Hk, C, Dk]``; v: ``[m, Hv, C, Dv]``; g, beta: ``[m, Hv, C, Dk]``;
-        w: ``[m, Hv, C, Dv]`` or None.
-
-    Returns:
-        ``(U, W, exp(G) Q, P, exp(G_C - G) K, chunk_decay)`` for ``_scan``, each
-        ``[m, Hv, ...]``; chunk_decay is ``[m, Hv, Dk, 1]`` (per key channel).
-    """
-    size, sub = q.shape[2], SUB_CHUNK_SIZE
-    k = _per_value_head(k, group).flatten(1, 2)
-    q = _per_value_head(q, group).flatten(1, 2)
-    cum = g.cumsum(-2)
-    beta_k = beta * k
-    a = q.new_zeros(q.shape[:2] + (size, size))
-    p = torch.zeros_like(a)
-    upper = torch.ones(sub, sub, dtype=torch.bool, device=q.device).triu(1)[..., None]
-    for lo in range(0, size, sub):
-        rows = slice(lo, lo + sub)
-        cum_i, k_i = cum[..., rows, :], k[..., rows, :]
-        pair_decay = _masked_exp_(cum_i[..., :, None, :] - cum_i[..., None, :, :], upper)
-        a[..., rows, rows] = (beta_k[..., rows, None, :] * k_i[..., None, :, :] * pair_decay).sum(-1)
-        p[..., rows, rows] = (q[..., rows, None, :] * k_i[..., None, :, :] * pair_decay).sum(-1)
-        if lo:
-            ref = cum[..., lo - 1:lo, :]
-            to_ref = (cum_i - ref).exp()
-            from_ref = (k[..., :lo, :] * (ref - cum[..., :lo, :]).exp()).transpose(-1, -2)
-            a[..., rows, :lo] = (beta_k[..., rows, :] * to_ref) @ from_ref
-            p[..., rows, :lo] = (q[..., rows, :] * to_ref) @ from_ref
-    inverse = unit_lower_inverse(a)
-    head_decay = cum.exp()
-    u = inverse @ (v if w is None else w * v)
-    w_keys = inverse @ (head_decay * beta_k)
-    return u, w_keys, head_decay * q, p, (cum[..., -1:, :] - cum).exp() * k, cum[..., -1, :].exp()[..., None]
+    return (u, w.view(m, hv, size, dim_k), _scaledper_value_head(q, head_decay), p.view(m, hv, size, size),
+            _scaledper_value_head(k, (cum[..., -1:] - cum).exp_()), cum[..., -1].exp().view(m, hv, 1, 1))
 
 
 def _scan(state, steps, lo, u, w, decayed_q, keys, chunk_decay, out):
@@ -187,7 +146,7 @@ class _LaneStates:
         return self.states[:-1]
 
 
-def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, chunk_size, block_chunks,
+def chunked_scan(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, build, chunk_size, block_chunks,
              layout=None):
     """Shared driver: pack into chunks, build per-chunk tensors per block, scan, unpack.
 
@@ -203,9 +162,11 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
     out = v.new_zeros(layout.num_tokens + 1, num_v_heads, dim_v)  # not empty: XLA takes no tensor.empty
     for lo, hi, steps in layout.blocks(block_chunks):
         chunk_q, chunk_k, chunk_v = (layout.gather(x, lo, hi) for x in (q, k, v))
-        chunk_q.mul_(qk_factors(chunk_q, scale, use_qk_l2norm))
         if use_qk_l2norm:
-            chunk_k.mul_(qk_factors(chunk_k, 1.0, True))
+            chunk_q.mul_(l2norm_factor(chunk_q, scale))
+            chunk_k.mul_(l2norm_factor(chunk_k))
+        else:
+            chunk_q.mul_(scale)
         chunk_gates = [None if x is None else layout.gather(x, lo, hi) for x in gates]
         u, w, decayed_q, p, keys, chunk_decay = build(chunk_q, chunk_k, chunk_v, *chunk_gates, group)
         o = torch.zeros_like(u)  # not empty: XLA takes no tensor.empty (the scan writes it by slices)
@@ -215,13 +176,7 @@ def _chunked(q, k, v, gates, cu_seqlens, initial_state, scale, use_qk_l2norm, bu
 
 
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, layout=None):
-    """Backend contract: see ``vllm_gdn_neuron.ops.backends``; ``layout`` as in ``_chunked``
+    """Backend contract: see ``vllm_gdn_neuron.ops.backends``; ``layout`` as in ``chunked_scan``
     (a ``ChunkLayout`` of ``GDN_CHUNK_SIZE``, for the trace-safe paged ops)."""
-    return _chunked(q, k, v, (g, beta), cu_seqlens, initial_state, scale, use_qk_l2norm, _scalar_intra,
+    return chunked_scan(q, k, v, (g, beta), cu_seqlens, initial_state, scale, use_qk_l2norm, _scalar_intra,
                     GDN_CHUNK_SIZE, GDN_BLOCK_CHUNKS, layout)
-
-
-def gdn2_prefill(q, k, v, g, beta, w, cu_seqlens, initial_state, scale, use_qk_l2norm):
-    """Backend contract: see ``vllm_gdn_neuron.ops.backends``."""
-    return _chunked(q, k, v, (g, beta, w), cu_seqlens, initial_state, scale, use_qk_l2norm, _channel_intra,
-                    GDN2_CHUNK_SIZE, GDN2_BLOCK_CHUNKS)

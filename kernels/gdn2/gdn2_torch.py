@@ -5,8 +5,8 @@ size, the same per-source-token construction of ``A`` and ``P`` and the same Sch
 import torch
 
 from .gdn2 import GDN2_CHUNK
-from .gdn_cte_torch import schur_inverse_t
-from .mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
+from ..gdn_cte_torch import schur_inverse_t
+from ..mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER, build_mask_pack
 
 
 def _pairwise(g, k, bk, q, pack):

@@ -21,13 +21,13 @@ is masked afterwards), exponentiated, multiplied by ``(beta k)^T`` / ``q^T`` and
 with ``k_s`` on TensorE into column ``s`` of ``A`` / ``P``. Every matmul operand is fp32.
 """
 
-from . import tiles as tl
-from .checks import check_dtype, check_shape, check_token_major_qkv
-from .chunked import Masks, advance, schur_levels
-from .gdn_cte import MAX_HEAD_DIM, default_mask_pack
-from .mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER
-from .nki_call import NkiOp
-from .nki_compat import nki, nisa, nl
+from .. import tiles as tl
+from ..checks import check_dtype, check_shape, check_token_major_qkv
+from ..chunked import Masks, advance, schur_levels
+from ..gdn_cte import MAX_HEAD_DIM, default_mask_pack
+from ..mask_pack import STRICT_LOWER, STRICT_UPPER, UPPER
+from ..nki_call import NkiOp
+from ..nki_compat import nki, nisa, nl
 
 GDN2_CHUNK = 64
 SOURCE_BATCH = 8  # source tokens per exponent matmul: 8 x 64 = 512 columns, one PSUM bank
