@@ -32,8 +32,8 @@ from .tensor import HBM, SHARED_HBM, Tensor
 
 
 def _one_blas_thread():
-    """Tiles are at most 128 x 512: a multi-threaded BLAS only adds synchronisation (10x
-    slower on a loaded 2-core machine), so kernels run with one BLAS thread."""
+    """Tiles are at most 128 x 512: a multi-threaded BLAS only adds synchronisation at these
+    sizes, so kernels run with one BLAS thread."""
     if threadpool_limits is None:
         return contextlib.nullcontext()
     return threadpool_limits(1, user_api="blas")

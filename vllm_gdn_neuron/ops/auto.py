@@ -8,9 +8,8 @@ project's ``torch`` math and vLLM's C++ kernels (``vllm_cpu``). Per phase and sh
 2. Where the phase has been measured on the CPU's kind (``cpu_isa.cpu_kind``; ``MEASURED``)
    with a margin no shape is likely to reverse, that measurement's winner.
 3. Otherwise both candidates are timed on the shape itself, once per process (``MEASURE_TOKENS``
-   prefill tokens, ``MEASURE_DECODE_ROWS`` decode rows, on one thread), and the faster runs. For
-   the real models' 16/32 heads of 128 the four phases took 0.2 s of CPU time (0.7 s wall) at a
-   load of 13-16 on this project's 2-vCPU machine: once per process, not per layer.
+   prefill tokens, ``MEASURE_DECODE_ROWS`` decode rows, on one thread), and the faster runs:
+   once per process and shape, not per layer (a fraction of a second at the real models' shapes).
 
 ``choose`` caches the answer per (phase, shape), so a layer's construction, or the first call of
 a public op, pays for the measurement and every later call is a dictionary lookup.
@@ -27,8 +26,8 @@ from .cpu_isa import cpu_flags, cpu_kind
 
 PHASES = ("conv_prefill", "conv_decode", "gdn_prefill", "gdn_decode")
 CANDIDATES = ("torch", "vllm_cpu")
-#: Tokens of the one prefill sequence timed at start-up. At the real models' 16/32 heads of
-#: 128 the winner at 32 tokens was the winner at 512-8192 on this project's AVX-512 BF16 CPU.
+#: Tokens of the one prefill sequence timed at start-up: short enough to time in a moment, long
+#: enough that its winner is the winner of long prompts (benchmarks/README.md, "What `auto` picks").
 MEASURE_TOKENS = 32
 #: Decode rows timed at start-up (at one row, per-call overheads of a few µs decided it).
 MEASURE_DECODE_ROWS = 8
@@ -72,15 +71,15 @@ def _every_phase(backend, why):
 #: A kind not listed (AVX-512 BF16 without AMX, non-x86), or a phase its entry leaves out, is
 #: timed at start-up.
 MEASURED = {
-    "amx": _every_phase("vllm_cpu", "vLLM's kernels measured 1.5-11x (prefill), 1.6-11x (decode) and 2.5-16x "
-                                    "(conv) faster than torch on two Intel Xeons with AMX"),
-    "avx512": _every_phase("torch", "torch measured 1.6x (prefill) and 1.1-1.3x (decode) faster served than "
-                                    "vLLM's kernels on an Intel Xeon with AVX-512 without BF16"),
-    # GDN decode is left to the start-up measurement: on the AMD EPYC (Zen 3) measured, vLLM's
-    # decode kernel was 1.3-2.5x faster than torch, a margin one AVX2 machine cannot vouch for on
-    # others; vLLM's C++ conv needs AVX-512 BF16 (``refusal``).
-    "avx2": {"gdn_prefill": ("torch", "vLLM's GDN prefill kernel measured 15-20x slower than torch (512-8192 "
-                                      "tokens) on an AMD EPYC with AVX2 only")},
+    "amx": _every_phase("vllm_cpu", "vLLM's kernels measured faster than torch in every phase on AMX CPUs "
+                                    "(benchmarks/README.md)"),
+    "avx512": _every_phase("torch", "torch measured faster served than vLLM's kernels on AVX-512 CPUs without "
+                                    "BF16 (benchmarks/README.md)"),
+    # GDN decode is left to the start-up measurement: vLLM's decode kernel won on the one AVX2
+    # machine measured, by a margin one machine cannot vouch for on others; vLLM's C++ conv needs
+    # AVX-512 BF16 (``refusal``).
+    "avx2": {"gdn_prefill": ("torch", "vLLM's GDN prefill kernel measured many times slower than torch on AVX2-only "
+                                      "CPUs (benchmarks/README.md)")},
 }
 
 
@@ -203,8 +202,8 @@ def time_candidates(phase: str, shape) -> dict:
     ``MEASURE_ROUNDS`` rounds that run both in turn (the first warms up). One thread and
     the thread's CPU time (``time.thread_time``), not wall time: what is compared is the work
     each backend's instructions need on this CPU, and on a shared machine wall time also holds
-    the time other processes had the cores (measured here at load 4-5 on 2 cores: wall-time
-    winners flipped between rounds, thread-time winners did not).
+    the time other processes had the cores, so wall-time winners flip with the load and
+    thread-time winners do not.
     """
     run = _phase_call(phase, shape)
     best = dict.fromkeys(CANDIDATES, float("inf"))

@@ -1,10 +1,9 @@
 """The CPU's instruction sets that decide which GDN backend ``auto`` takes, read once per process.
 
 vLLM's C++ GDN and conv kernels are built for x86 with AVX-512, and their speed against this
-project's torch math depends on the instructions the CPU has: with AMX they win, with AVX-512
-alone they lose, with AVX2 only their prefill loses by far and their decode won where measured
-(``vllm_gdn_neuron.ops.auto`` holds the measurements). This module only says which of those
-instruction sets are present.
+project's torch math depends on the instructions the CPU has (``vllm_gdn_neuron.ops.auto``
+holds the rule per kind; the measurements behind it are in ``benchmarks/README.md``). This module
+only says which of those instruction sets are present.
 """
 
 import functools

@@ -69,7 +69,7 @@ def _nki_package_present():
 
 @functools.cache
 def _nki_installed():
-    """Searched once per process: a path search took 0.14 ms, paid by every layer at every step."""
+    """Searched once per process, not at every call (a path search per call would be paid by every layer at every step)."""
     return importlib.util.find_spec("nki") is not None
 
 
