@@ -172,7 +172,7 @@ def test_an_avx2_layer_runs_prefill_on_torch_and_times_decode(monkeypatch, fresh
     monkeypatch.setattr(auto, "cpu_flags", lambda: AVX2)
     calls = _count_timings(monkeypatch)  # vllm_cpu the faster
     chosen = phases.resolve_phases(GDN, CONV, "cpu")
-    assert chosen.backends["gdn_prefill"] == "torch" and "15-20x slower" in chosen.reasons["gdn_prefill"]
+    assert chosen.backends["gdn_prefill"] == "torch" and "slower than torch" in chosen.reasons["gdn_prefill"]
     assert chosen.backends["gdn_decode"] == "vllm_cpu" and "timed at start-up" in chosen.reasons["gdn_decode"]
     assert "gdn_decode" in calls and "gdn_prefill" not in calls
     assert chosen.backends["gdn_verify"] == "vllm_cpu"
