@@ -6,13 +6,9 @@ Every import statement of every module (function-level imports included) is read
 ``ast``; relative imports are resolved against the module's package.
 """
 
-import ast
-import pathlib
-
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGE = "vllm_gdn_neuron"
+from tests.support import source_tree
 
 # floor -> modules it must never import (prefix match on the dotted name)
 FORBIDDEN = {
@@ -26,42 +22,19 @@ FORBIDDEN = {
 }
 
 
-def _modules():
-    """``(floor, dotted module name, path)`` of every source file of the package."""
-    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        floor = parts[1] if len(parts) > 2 else None
-        if floor == "shells" and len(parts) > 3:
-            floor = f"shells.{parts[2]}"
-        yield floor, ".".join(p for p in parts if p != "__init__"), path
-    for path in sorted((ROOT / "kernels").rglob("*.py")):
-        parts = ("vllm_gdn_neuron",) + path.relative_to(ROOT).with_suffix("").parts
-        yield "kernels", ".".join(p for p in parts if p != "__init__"), path
+def _floor(path) -> str | None:
+    """``kernels``, ``ops``, ``model``, ``shells``, ``shells.vllm``, ``shells.neuron``: the folder a
+    source file sits in; None for a top-level module of the package."""
+    if source_tree.ROOT / "kernels" in path.parents:
+        return "kernels"
+    parts = path.relative_to(source_tree.ROOT / source_tree.PACKAGE).parts
+    if len(parts) == 1:
+        return None
+    return f"shells.{parts[1]}" if parts[0] == "shells" and len(parts) > 2 else parts[0]
 
 
-def _imports(module: str, path: pathlib.Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names}
-    return found
-
-
-def _is_under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
-MODULES = [m for m in _modules() if m[0] in FORBIDDEN]
+MODULES = [(_floor(path), module, path) for module, path in source_tree.modules().items()
+           if _floor(path) in FORBIDDEN]
 
 
 def test_every_floor_has_modules():
@@ -72,38 +45,11 @@ def test_every_floor_has_modules():
 def test_no_module_imports_upwards(floor, module, path):
     allowed_vllm = floor == "ops" and module.endswith("backends.vllm_cpu")  # vLLM's own CPU kernels
     bad = sorted(
-        name for name in _imports(module, path)
+        name for name in source_tree.imported_names(module, path)
         for prefix in FORBIDDEN[floor]
-        if _is_under(name, prefix) and not (allowed_vllm and prefix == "vllm")
+        if source_tree.is_under(name, prefix) and not (allowed_vllm and prefix == "vllm")
     )
     assert not bad, f"{module} ({floor}) imports {bad}"
-
-
-def _module_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (function-level imports included).
-
-    ``from a import b`` is an edge to ``a.b`` where that is a module, else to ``a``; a name
-    outside the package (``vllm``, ``torch``) is no edge.
-    """
-    paths = {module: path for _, module, path in _modules()}
-    graph = {}
-    for module, path in paths.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        targets = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                targets |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
-                            for alias in node.names}
-        graph[module] = {target for target in targets if target in paths and target != module}
-    return graph
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -152,7 +98,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycle_among_the_packages_modules():
-    cycles = _cycles(_module_graph())
+    cycles = _cycles(source_tree.module_graph())
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
 
 
@@ -169,7 +115,7 @@ APART = ("vllm_gdn_neuron.kernels.interp", "vllm_gdn_neuron.kernels.gdn2", "vllm
 
 def _reached(graph: dict[str, set[str]], roots) -> dict[str, str]:
     """Every module the roots reach -> the module that first imported it (a root: itself)."""
-    parents = {module: module for module in graph if any(_is_under(module, root) for root in roots)}
+    parents = {module: module for module in graph if any(source_tree.is_under(module, root) for root in roots)}
     queue = list(parents)
     while queue:
         module = queue.pop(0)
@@ -181,7 +127,7 @@ def _reached(graph: dict[str, set[str]], roots) -> dict[str, str]:
 
 
 def test_no_serving_module_imports_the_interpreter_or_gdn2():
-    reached = _reached(_module_graph(), SERVING_ROOTS)
+    reached = _reached(source_tree.module_graph(), SERVING_ROOTS)
     bad = sorted(f"{reached[module]} -> {module}" for module in reached
-                 if any(_is_under(module, apart) for apart in APART))
+                 if any(source_tree.is_under(module, apart) for apart in APART))
     assert not bad, f"serving modules reach code kept apart: {bad}"
