@@ -1,4 +1,5 @@
-"""The vLLM plugin: registers the Qwen3.5 / Qwen3-Next architectures and their start-up checks.
+"""The vLLM plugin: registers the Qwen3.5 / Qwen3-Next architectures, their start-up checks and
+(on vLLM's CPU platform) the plugin's patches to vLLM.
 
 vLLM calls :func:`register` (the ``vllm.general_plugins`` entry point
 ``vllm_gdn_neuron:register``) in every process it starts: API server, engine core and
@@ -100,6 +101,8 @@ def register() -> None:
         _registered = True
         return
     _log_vllm_version(logger, platform)
+    if platform == "cpu":
+        _install_cpu_patches()
     for name, (target, checkpoint_arch) in names.items():
         ModelRegistry.register_model(name, target)
         if checkpoint_arch is None:  # a drafter: configured through its target
@@ -109,6 +112,17 @@ def register() -> None:
         base = MODELS_CONFIG_MAP.get(name) or MODELS_CONFIG_MAP.get(checkpoint_arch)
         MODELS_CONFIG_MAP[name] = _config_hook(getattr(base, "base_hook", base))
     _registered = True
+
+
+def _install_cpu_patches() -> None:
+    """The plugin's patches to vLLM on its CPU platform, each for the vLLM releases it fixes:
+    the rejection sampler's CPU expand kernel (:mod:`vllm_gdn_neuron.shells.vllm.cpu_rejection_sampler`)."""
+    import vllm
+
+    from vllm_gdn_neuron.shells.vllm import cpu_rejection_sampler
+
+    if cpu_rejection_sampler.needs_patch(str(getattr(vllm, "__version__", ""))):
+        cpu_rejection_sampler.install_with_rejection_sampler()
 
 
 def _log_vllm_version(logger, platform: str) -> None:

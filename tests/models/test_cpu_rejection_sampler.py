@@ -70,3 +70,26 @@ def test_install_replaces_only_vllms_shim(vllm_cpu_kernels):
     cpu_rejection_sampler.install()
     assert vllm_cpu_kernels.expand_kernel.func is cpu_rejection_sampler.expand_at_dtype
     assert cpu_rejection_sampler.install() is False  # already ours: left as it is
+
+
+def test_the_plugin_installs_the_kernel_when_a_worker_builds_its_rejection_sampler(vllm_cpu_kernels, monkeypatch):
+    """``register()`` runs before vLLM registers its CPU shims: the kernel is replaced when the
+    rejection sampler is built (speculative decoding), after them."""
+    import vllm
+    from vllm.v1.sample.sampler import Sampler
+
+    from vllm_gdn_neuron import plugin
+
+    monkeypatch.setattr(vllm_cpu_kernels.RejectionSampler, "__init__", vllm_cpu_kernels.RejectionSampler.__init__)
+    monkeypatch.setattr(vllm, "__version__", "0.32.0+cpu")
+    plugin._install_cpu_patches()
+    plugin._install_cpu_patches()  # once: the constructor is wrapped a single time
+    assert vllm_cpu_kernels.RejectionSampler.__init__.__wrapped__.__name__ == "__init__"
+    vllm_cpu_kernels.RejectionSampler(Sampler())
+    assert vllm_cpu_kernels.expand_kernel.func is cpu_rejection_sampler.expand_at_dtype
+
+
+@pytest.mark.parametrize("version, patched", [("0.32.0", True), ("0.32.1+cpu", True), ("0.24.0", False),
+                                              ("0.33.0", False)])
+def test_the_patch_is_for_the_vllm_releases_it_fixes(version, patched):
+    assert cpu_rejection_sampler.needs_patch(version) is patched

@@ -13,8 +13,14 @@ drafts replaced, from target probabilities at a temperature nobody asked for: th
 do not follow the target's distribution. Greedy requests never call the kernel.
 
 :func:`install` replaces that one shim with :func:`expand_at_dtype` (the Triton kernel's
-semantics at the caller's dtype); Triton's own kernel, or any other override, stays.
+semantics at the caller's dtype); Triton's own kernel, or any other override, stays. The
+plugin's ``register()`` calls :func:`install_with_rejection_sampler` on vLLM's CPU platform
+for the vLLM releases in :data:`PATCHED_VLLM`: vLLM registers its CPU shims after it loads the
+plugins, so the replacement happens when a worker builds its rejection sampler (speculative
+decoding only).
 """
+
+import functools
 
 import torch
 
@@ -23,6 +29,13 @@ from vllm.logger import init_logger
 logger = init_logger(f"vllm.plugins.{__name__}")
 
 KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+#: The vLLM releases (``major.minor``) whose CPU expand shim loses its output.
+PATCHED_VLLM = ("0.32",)
+
+
+def needs_patch(vllm_version: str) -> bool:
+    """Whether ``vllm_version`` (``0.32.0``, ``0.32.1+cpu``, ...) is one of :data:`PATCHED_VLLM`."""
+    return ".".join(vllm_version.split("+")[0].split(".")[:2]) in PATCHED_VLLM
 
 
 def expand_at_dtype(output_ptr: torch.Tensor, input_ptr: torch.Tensor, cu_num_tokens_ptr: torch.Tensor,
@@ -63,3 +76,24 @@ def install() -> bool:
     logger.info("vllm-gdn-neuron: speculative decoding samples through a dtype-preserving CPU expand kernel "
                 "(vLLM 0.32's C++ shim leaves the rejection sampler's per-token temperatures unwritten)")
     return True
+
+
+def install_with_rejection_sampler() -> None:
+    """Make every construction of vLLM's ``RejectionSampler`` run :func:`install` (this process, once).
+
+    A worker builds its rejection sampler after vLLM registered the platform's kernel
+    overrides, and only with speculative decoding: the shim is replaced then and there.
+    """
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    init = RejectionSampler.__init__
+    if getattr(init, "installs_cpu_expand_kernel", False):
+        return
+
+    @functools.wraps(init)
+    def init_then_install(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        install()
+
+    init_then_install.installs_cpu_expand_kernel = True
+    RejectionSampler.__init__ = init_then_install
