@@ -14,7 +14,9 @@ plans from the config and the views the layer gets always agree.
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from vllm_gdn_neuron.model.dims import GDNDims
+from vllm_gdn_neuron.model.dtypes import DTYPES
+
 _SUPPORTED_SSM_DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -28,10 +30,8 @@ def gdn_state_shapes(text_config, tp_size: int) -> tuple[tuple[int, int], tuple[
     Returns:
         ``((C, K), (Hv_local, Dk, Dv))``.
     """
-    hk, hv = text_config.linear_num_key_heads, text_config.linear_num_value_heads
-    dk, dv = text_config.linear_key_head_dim, text_config.linear_value_head_dim
-    channels = (2 * hk * dk + hv * dv) // tp_size
-    return (channels, text_config.linear_conv_kernel_dim), (hv // tp_size, dk, dv)
+    dims = GDNDims.from_config(text_config, tp_size)
+    return (dims.conv_dim, dims.conv_kernel), (dims.num_v_heads, dims.head_k_dim, dims.head_v_dim)
 
 
 def gdn_state_dtypes(
@@ -45,8 +45,8 @@ def gdn_state_dtypes(
         mamba_cache_dtype: vLLM's ``--mamba-cache-dtype`` ("auto" or a dtype name).
         mamba_ssm_cache_dtype: vLLM's ``--mamba-ssm-cache-dtype``; "auto" means float32.
     """
-    conv = model_dtype if mamba_cache_dtype == "auto" else _DTYPES[mamba_cache_dtype]
-    ssm = torch.float32 if mamba_ssm_cache_dtype == "auto" else _DTYPES[mamba_ssm_cache_dtype]
+    conv = model_dtype if mamba_cache_dtype == "auto" else DTYPES[mamba_cache_dtype]
+    ssm = torch.float32 if mamba_ssm_cache_dtype == "auto" else DTYPES[mamba_ssm_cache_dtype]
     return conv, ssm
 
 

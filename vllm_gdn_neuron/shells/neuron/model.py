@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
+from vllm_gdn_neuron.model.dtypes import config_dtype
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.shells.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
@@ -51,17 +52,9 @@ from vllm_gdn_neuron.shells.neuron.vision import check_vision_inputs, merge_visi
 from vllm_gdn_neuron.shells.neuron.vision_tower import (NeuronVisionTower, VisionLayout, encode_images,
                                                  synthetic_vision_inputs)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def text_config_of(hf_config):
     """The text decoder's config (``text_config`` of a vision-language checkpoint)."""
     return getattr(hf_config, "text_config", None) or hf_config
-
-
-def model_dtype(text_config) -> torch.dtype:
-    raw = getattr(text_config, "dtype", None) or getattr(text_config, "torch_dtype", None) or torch.bfloat16
-    return raw if isinstance(raw, torch.dtype) else _DTYPES[str(raw).replace("torch.", "")]
 
 
 def current_vllm_config():
@@ -170,7 +163,7 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         self.config = config
         self.spatial_merge_size = getattr(getattr(hf_config, "vision_config", None), "spatial_merge_size", 1)
         self.uses_mrope = "mrope_section" in (config.rope_parameters or {})
-        self.dtype = limits["dtype"] or model_dtype(config)
+        self.dtype = limits["dtype"] or config_dtype(config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False)
                                         or getattr(config, "tie_word_embeddings", False))
         self.vocab_shards = tp if config.vocab_size % tp == 0 else 1
