@@ -149,12 +149,13 @@ def prepare_config(vllm_config) -> None:
       config and of an MTP drafter's, which vLLM builds from the same checkpoint) so vLLM
       feeds 1-D positions (M-RoPE equals plain RoPE on text positions). With images or video
       enabled they stay, and vLLM feeds ``[3, T]`` positions.
-    - Refuses what the GatedDeltaNet layer cannot serve with a ``ValueError`` naming
-      the setting (see :func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`), and
+    - Refuses what the model definition cannot serve with a ``ValueError`` naming the
+      setting (:func:`vllm_gdn_neuron.model.checks.check_text_config`), the GatedDeltaNet
+      cache settings it cannot (:func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`), and
       ``method: "mtp"`` on a checkpoint without an MTP head it can build
       (:func:`vllm_gdn_neuron.model.mtp.check_mtp_config`).
     """
-    from vllm_gdn_neuron.model.attention import check_attention_heads
+    from vllm_gdn_neuron.model.checks import check_text_config
     from vllm_gdn_neuron.model.gdn_cache import check_gdn_config
     from vllm_gdn_neuron.model.mtp import check_mtp_config
     from vllm_gdn_neuron.model.rotary import MROPE_KEYS
@@ -175,7 +176,7 @@ def prepare_config(vllm_config) -> None:
     if speculative is not None and speculative.method == "mtp":
         check_mtp_config(text_config)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
-    check_attention_heads(text_config, tp_size)
+    check_text_config(text_config, tp_size)
     check_gdn_config(
         text_config,
         tp_size=tp_size,
