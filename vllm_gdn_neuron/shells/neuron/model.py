@@ -325,39 +325,50 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             ``[rows, W]`` int32 instead: each row's ids up to its first rejected draft's
             correction (or the bonus id), ``-1`` after.
         """
-        layers = self.model.layers
-        first = attn_metadata[layers[0].mixer.layer_name]
-        is_decode = first["max_query_len"] <= first["decode_token_threshold"]
-        width = 1
-        if is_decode:
-            width = verify_width(input_ids.shape[0], first["block_table_tensor"].shape[0], spec_decode_metadata)
-        elif spec_decode_metadata is not None:
-            raise ValueError("spec_decode_metadata must be None on a prefill step (max_query_len "
-                             f"{first['max_query_len']} > decode_token_threshold {first['decode_token_threshold']})")
-        if width > 1 and self.sampler is None:
-            raise ValueError("spec_decode_metadata needs on-device sampling: the drafts are judged in the step's "
-                             "graph (set neuron_config.on_device_sampling_config)")
+        step = self._engine_step(input_ids.shape[0], positions, rotary_position_ids, attn_metadata,
+                                 spec_decode_metadata)
         if self.sampler is not None:
             self.sampler.check(sampling_params, sampling_positions.shape[0])
         hidden = self._input_embeddings(input_ids, inputs_embeds, is_token_ids)
         if vision_embedding_blocks is not None or vision_positions is not None:
-            check_vision_inputs(vision_embedding_blocks, vision_positions, hidden.shape[0], hidden.shape[1], is_decode)
+            check_vision_inputs(vision_embedding_blocks, vision_positions, hidden.shape[0], hidden.shape[1],
+                                step.is_decode)
             hidden = merge_vision_embeddings(hidden, vision_embedding_blocks, vision_positions)
-        rope_positions = (positions if rotary_position_ids is None
-                          else self._rope_positions(rotary_position_ids, positions.shape[0]))
-        # A verify step's GDN states go to ``pending``, written once the drafts are judged.
-        step = NeuronStep(positions, rope_positions, attn_metadata, is_decode, width,
-                          pending=[] if width > 1 else None)
         hidden = self.model(hidden, step)
         logits = self.compute_logits(hidden.index_select(0, sampling_positions.to(torch.int64)))
         logits = logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
         if self.sampler is None:
             return logits
         ids = self.sampler(logits, sampling_params)
-        if width > 1:
-            ids, kept = judge_drafts(ids, spec_decode_metadata.draft_token_ids, width)
+        if step.width > 1:
+            ids, kept = judge_drafts(ids, spec_decode_metadata.draft_token_ids, step.width)
             commit_states(step.pending, kept)
         return ids, (logits if self.returns_logits else None)
+
+    def _engine_step(self, num_tokens: int, positions, rotary_position_ids, attn_metadata,
+                     spec_decode_metadata) -> NeuronStep:
+        """The step object the mixers read: decode or prefill (from the first layer's metadata), the
+        tokens per decode row (1, or 1 + N on a verify step) and the rotary positions.
+
+        Raises:
+            ValueError: for ``spec_decode_metadata`` on a prefill step, or without on-device sampling.
+        """
+        first = attn_metadata[self.model.layers[0].mixer.layer_name]
+        is_decode = first["max_query_len"] <= first["decode_token_threshold"]
+        width = 1
+        if is_decode:
+            width = verify_width(num_tokens, first["block_table_tensor"].shape[0], spec_decode_metadata)
+        elif spec_decode_metadata is not None:
+            raise ValueError("spec_decode_metadata must be None on a prefill step (max_query_len "
+                             f"{first['max_query_len']} > decode_token_threshold {first['decode_token_threshold']})")
+        if width > 1 and self.sampler is None:
+            raise ValueError("spec_decode_metadata needs on-device sampling: the drafts are judged in the step's "
+                             "graph (set neuron_config.on_device_sampling_config)")
+        rope_positions = (positions if rotary_position_ids is None
+                          else self._rope_positions(rotary_position_ids, positions.shape[0]))
+        # A verify step's GDN states go to ``pending``, written once the drafts are judged.
+        return NeuronStep(positions, rope_positions, attn_metadata, is_decode, width,
+                          pending=[] if width > 1 else None)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` token embeddings of ``[T]`` ids (vLLM's name for it)."""
