@@ -122,7 +122,7 @@ def _install_cpu_patches() -> None:
     from vllm_gdn_neuron.shells.vllm import cpu_rejection_sampler
 
     if cpu_rejection_sampler.needs_patch(str(getattr(vllm, "__version__", ""))):
-        cpu_rejection_sampler.install_with_rejection_sampler()
+        cpu_rejection_sampler.install_after_platform_overrides()
 
 
 def _log_vllm_version(logger, platform: str) -> None:

@@ -72,20 +72,23 @@ def test_install_replaces_only_vllms_shim(vllm_cpu_kernels):
     assert cpu_rejection_sampler.install() is False  # already ours: left as it is
 
 
-def test_the_plugin_installs_the_kernel_when_a_worker_builds_its_rejection_sampler(vllm_cpu_kernels, monkeypatch):
-    """``register()`` runs before vLLM registers its CPU shims: the kernel is replaced when the
-    rejection sampler is built (speculative decoding), after them."""
+def test_the_plugin_installs_the_kernel_right_after_vllms_cpu_overrides(vllm_cpu_kernels, monkeypatch):
+    """``register()`` runs before a worker registers vLLM's CPU shims: the kernel is replaced
+    right after that registration."""
     import vllm
-    from vllm.v1.sample.sampler import Sampler
+    from vllm.platforms import current_platform
 
     from vllm_gdn_neuron import plugin
 
-    monkeypatch.setattr(vllm_cpu_kernels.RejectionSampler, "__init__", vllm_cpu_kernels.RejectionSampler.__init__)
+    platform_class = type(current_platform)
+    monkeypatch.setattr(platform_class, "register_triton_kernel_overrides",
+                        platform_class.__dict__["register_triton_kernel_overrides"])
     monkeypatch.setattr(vllm, "__version__", "0.32.0+cpu")
     plugin._install_cpu_patches()
-    plugin._install_cpu_patches()  # once: the constructor is wrapped a single time
-    assert vllm_cpu_kernels.RejectionSampler.__init__.__wrapped__.__name__ == "__init__"
-    vllm_cpu_kernels.RejectionSampler(Sampler())
+    wrapped = platform_class.__dict__["register_triton_kernel_overrides"]
+    plugin._install_cpu_patches()  # once: the registration is wrapped a single time
+    assert platform_class.__dict__["register_triton_kernel_overrides"] is wrapped
+    current_platform.register_triton_kernel_overrides()
     assert vllm_cpu_kernels.expand_kernel.func is cpu_rejection_sampler.expand_at_dtype
 
 

@@ -14,13 +14,10 @@ do not follow the target's distribution. Greedy requests never call the kernel.
 
 :func:`install` replaces that one shim with :func:`expand_at_dtype` (the Triton kernel's
 semantics at the caller's dtype); Triton's own kernel, or any other override, stays. The
-plugin's ``register()`` calls :func:`install_with_rejection_sampler` on vLLM's CPU platform
+plugin's ``register()`` calls :func:`install_after_platform_overrides` on vLLM's CPU platform
 for the vLLM releases in :data:`PATCHED_VLLM`: vLLM registers its CPU shims after it loads the
-plugins, so the replacement happens when a worker builds its rejection sampler (speculative
-decoding only).
+plugins, so the replacement follows that registration.
 """
-
-import functools
 
 import torch
 
@@ -62,8 +59,8 @@ def expand_at_dtype(output_ptr: torch.Tensor, input_ptr: torch.Tensor, cu_num_to
 def install() -> bool:
     """Replace vLLM 0.32's CPU expand shim with :func:`expand_at_dtype` in this process, once.
 
-    Call it after vLLM registered its CPU kernel overrides (a worker's model
-    construction comes after). Returns whether the shim was found and replaced.
+    Call it after vLLM registered its CPU kernel overrides. Returns whether the shim was
+    found and replaced.
     """
     from vllm.triton_utils.dispatcher import register_kernels
     from vllm.utils import cpu_triton_utils
@@ -73,27 +70,29 @@ def install() -> bool:
     if current is not cpu_triton_utils._expand_kernel_impl:
         return False
     register_kernels({KERNEL: expand_at_dtype})
-    logger.info("vllm-gdn-neuron: speculative decoding samples through a dtype-preserving CPU expand kernel "
-                "(vLLM 0.32's C++ shim leaves the rejection sampler's per-token temperatures unwritten)")
+    logger.info("vllm-gdn-neuron: the rejection sampler expands through a dtype-preserving CPU kernel "
+                "(vLLM 0.32's C++ shim leaves its per-token temperatures unwritten)")
     return True
 
 
-def install_with_rejection_sampler() -> None:
-    """Make every construction of vLLM's ``RejectionSampler`` run :func:`install` (this process, once).
+def install_after_platform_overrides() -> None:
+    """Make vLLM's CPU platform run :func:`install` right after it registers its kernel
+    overrides (this process, once).
 
-    A worker builds its rejection sampler after vLLM registered the platform's kernel
-    overrides, and only with speculative decoding: the shim is replaced then and there.
+    A worker loads the plugins, then registers the platform's overrides (the shim among
+    them), then builds the model: the shim is replaced there, before any step samples.
+    Imports nothing beyond vLLM's platform (``register()`` runs in every vLLM process).
     """
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.platforms import current_platform
 
-    init = RejectionSampler.__init__
-    if getattr(init, "installs_cpu_expand_kernel", False):
+    platform_class = type(current_platform)
+    register_overrides = platform_class.register_triton_kernel_overrides
+    if getattr(register_overrides, "installs_cpu_expand_kernel", False):
         return
 
-    @functools.wraps(init)
-    def init_then_install(self, *args, **kwargs) -> None:
-        init(self, *args, **kwargs)
+    def register_then_install(cls) -> None:
+        register_overrides()
         install()
 
-    init_then_install.installs_cpu_expand_kernel = True
-    RejectionSampler.__init__ = init_then_install
+    register_then_install.installs_cpu_expand_kernel = True
+    platform_class.register_triton_kernel_overrides = classmethod(register_then_install)
