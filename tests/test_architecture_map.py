@@ -12,6 +12,8 @@ is named (``backends/torch/``, ``reference/``, ``interp/``). The package's top-l
 import pathlib
 import re
 
+from tests.support import source_tree
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "architecture.md"
 PACKAGES = ("shells/vllm", "shells/neuron", "model", "ops", "kernels")
@@ -67,3 +69,57 @@ def test_every_module_is_on_the_map():
     missing = [f"{package or '.'}/{relative}" for package, relative in _source_files()
                if relative.name != "__init__.py" and not _named(page if package is None else sections[package], relative)]
     assert not missing, f"not named in their package's lines of {PAGE.relative_to(ROOT)}'s map: {missing}"
+
+
+# --- the arrows ----------------------------------------------------------------------------
+
+ARROWS_HEADING = "## Which part imports which"
+ARROW = re.compile(r"^(\S+)\s+->\s+(.+?)\s*$")
+
+
+def _stated_arrows() -> dict[str, set[str]]:
+    """part -> the parts it imports, from the fenced block under :data:`ARROWS_HEADING`."""
+    text = PAGE.read_text()
+    assert ARROWS_HEADING in text, f"{PAGE.name} has no {ARROWS_HEADING!r} section"
+    block = text.split(ARROWS_HEADING, 1)[1].split("```", 2)[1]
+    arrows = {}
+    for line in block.splitlines():
+        match = ARROW.match(line)
+        if match:
+            source, targets = match.groups()
+            arrows[source] = set() if targets == "nothing" else {t.strip() for t in targets.split(",")}
+    return arrows
+
+
+def _part_of(path: pathlib.Path, parts) -> str | None:
+    """The longest part (a folder ``ops/``, ``kernels/interp/``, or a file ``plugin.py``) holding the file."""
+    relative = (path.relative_to(ROOT) if path.is_relative_to(ROOT / "kernels")
+                else path.relative_to(ROOT / "vllm_gdn_neuron")).as_posix()
+    holding = [part for part in parts if relative == part or (part.endswith("/") and relative.startswith(part))]
+    return max(holding, key=len, default=None)
+
+
+def _actual_arrows(parts) -> tuple[dict[str, set[str]], list[str]]:
+    """part -> the other parts its modules import, and the modules no part holds."""
+    paths = source_tree.modules()
+    owner = {module: _part_of(path, parts) for module, path in paths.items()}
+    arrows = {part: set() for part in parts}
+    for module, targets in source_tree.module_graph().items():
+        for target in targets:
+            if owner[module] and owner[target] and owner[module] != owner[target]:
+                arrows[owner[module]].add(owner[target])
+    return arrows, sorted(module for module, part in owner.items() if part is None)
+
+
+def test_every_module_belongs_to_a_part_with_an_arrow():
+    _, homeless = _actual_arrows(_stated_arrows())
+    assert not homeless, f"modules in no part of {PAGE.name}'s {ARROWS_HEADING!r}: {homeless}"
+
+
+def test_the_arrows_on_the_page_are_the_imports():
+    """Both ways: every stated arrow is an import of the tree, every import between parts is stated."""
+    stated = _stated_arrows()
+    actual, _ = _actual_arrows(stated)
+    missing = sorted(f"{a} -> {b}" for a in actual for b in actual[a] - stated[a])
+    stale = sorted(f"{a} -> {b}" for a in stated for b in stated[a] - actual[a])
+    assert not missing and not stale, f"imports not on the page: {missing}; arrows no import makes: {stale}"

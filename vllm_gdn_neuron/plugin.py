@@ -1,4 +1,5 @@
-"""The vLLM plugin: registers the Qwen3.5 / Qwen3-Next architectures and their start-up checks.
+"""The vLLM plugin: registers the Qwen3.5 / Qwen3-Next architectures, their start-up checks and
+(on vLLM's CPU platform) the plugin's patches to vLLM.
 
 vLLM calls :func:`register` (the ``vllm.general_plugins`` entry point
 ``vllm_gdn_neuron:register``) in every process it starts: API server, engine core and
@@ -100,6 +101,8 @@ def register() -> None:
         _registered = True
         return
     _log_vllm_version(logger, platform)
+    if platform == "cpu":
+        _install_cpu_patches()
     for name, (target, checkpoint_arch) in names.items():
         ModelRegistry.register_model(name, target)
         if checkpoint_arch is None:  # a drafter: configured through its target
@@ -109,6 +112,17 @@ def register() -> None:
         base = MODELS_CONFIG_MAP.get(name) or MODELS_CONFIG_MAP.get(checkpoint_arch)
         MODELS_CONFIG_MAP[name] = _config_hook(getattr(base, "base_hook", base))
     _registered = True
+
+
+def _install_cpu_patches() -> None:
+    """The plugin's patches to vLLM on its CPU platform, each for the vLLM releases it fixes:
+    the rejection sampler's CPU expand kernel (:mod:`vllm_gdn_neuron.shells.vllm.cpu_rejection_sampler`)."""
+    import vllm
+
+    from vllm_gdn_neuron.shells.vllm import cpu_rejection_sampler
+
+    if cpu_rejection_sampler.needs_patch(str(getattr(vllm, "__version__", ""))):
+        cpu_rejection_sampler.install_after_platform_overrides()
 
 
 def _log_vllm_version(logger, platform: str) -> None:
@@ -135,12 +149,13 @@ def prepare_config(vllm_config) -> None:
       config and of an MTP drafter's, which vLLM builds from the same checkpoint) so vLLM
       feeds 1-D positions (M-RoPE equals plain RoPE on text positions). With images or video
       enabled they stay, and vLLM feeds ``[3, T]`` positions.
-    - Refuses what the GatedDeltaNet layer cannot serve with a ``ValueError`` naming
-      the setting (see :func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`), and
+    - Refuses what the model definition cannot serve with a ``ValueError`` naming the
+      setting (:func:`vllm_gdn_neuron.model.checks.check_text_config`), the GatedDeltaNet
+      cache settings it cannot (:func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`), and
       ``method: "mtp"`` on a checkpoint without an MTP head it can build
       (:func:`vllm_gdn_neuron.model.mtp.check_mtp_config`).
     """
-    from vllm_gdn_neuron.model.attention import check_attention_heads
+    from vllm_gdn_neuron.model.checks import check_text_config
     from vllm_gdn_neuron.model.gdn_cache import check_gdn_config
     from vllm_gdn_neuron.model.mtp import check_mtp_config
     from vllm_gdn_neuron.model.rotary import MROPE_KEYS
@@ -161,7 +176,7 @@ def prepare_config(vllm_config) -> None:
     if speculative is not None and speculative.method == "mtp":
         check_mtp_config(text_config)
     tp_size = vllm_config.parallel_config.tensor_parallel_size
-    check_attention_heads(text_config, tp_size)
+    check_text_config(text_config, tp_size)
     check_gdn_config(
         text_config,
         tp_size=tp_size,

@@ -70,3 +70,29 @@ def test_install_replaces_only_vllms_shim(vllm_cpu_kernels):
     cpu_rejection_sampler.install()
     assert vllm_cpu_kernels.expand_kernel.func is cpu_rejection_sampler.expand_at_dtype
     assert cpu_rejection_sampler.install() is False  # already ours: left as it is
+
+
+def test_the_plugin_installs_the_kernel_right_after_vllms_cpu_overrides(vllm_cpu_kernels, monkeypatch):
+    """``register()`` runs before a worker registers vLLM's CPU shims: the kernel is replaced
+    right after that registration."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    from vllm_gdn_neuron import plugin
+
+    platform_class = type(current_platform)
+    monkeypatch.setattr(platform_class, "register_triton_kernel_overrides",
+                        platform_class.__dict__["register_triton_kernel_overrides"])
+    monkeypatch.setattr(vllm, "__version__", "0.32.0+cpu")
+    plugin._install_cpu_patches()
+    wrapped = platform_class.__dict__["register_triton_kernel_overrides"]
+    plugin._install_cpu_patches()  # once: the registration is wrapped a single time
+    assert platform_class.__dict__["register_triton_kernel_overrides"] is wrapped
+    current_platform.register_triton_kernel_overrides()
+    assert vllm_cpu_kernels.expand_kernel.func is cpu_rejection_sampler.expand_at_dtype
+
+
+@pytest.mark.parametrize("version, patched", [("0.32.0", True), ("0.32.1+cpu", True), ("0.24.0", False),
+                                              ("0.33.0", False)])
+def test_the_patch_is_for_the_vllm_releases_it_fixes(version, patched):
+    assert cpu_rejection_sampler.needs_patch(version) is patched

@@ -66,3 +66,21 @@ def test_only_the_profiling_run_without_a_cache_mixes_nothing():
     assert layer_metadata(None, name, cache_bound=False) is None
     entry = object()
     assert layer_metadata({name: entry}, name, cache_bound=True) is entry
+
+
+def test_the_step_object_builds_the_gdn_metadata_once_per_metadata_object():
+    from vllm_gdn_neuron.shells.vllm.step import EngineStep
+
+    built = []
+
+    def build(metadata, num_pages):
+        built.append((metadata, num_pages))
+        return f"parts of {metadata}"
+
+    step = EngineStep(torch.arange(3))
+    assert step.gdn_parts("group-0", 9, build) == "parts of group-0"
+    assert step.gdn_parts("group-0", 9, build) == "parts of group-0"
+    assert step.gdn_parts("group-1", 9, build) == "parts of group-1"
+    assert built == [("group-0", 9), ("group-1", 9)]
+    EngineStep(torch.arange(3)).gdn_parts("group-0", 9, build)  # the next step builds its own
+    assert len(built) == 3

@@ -193,3 +193,12 @@ def test_the_runner_pin_is_the_same_everywhere_the_project_names_it():
     assert f"git+{contract.VLLM_NEURON_REPOSITORY}@{contract.VLLM_NEURON_COMMIT}" in readme
     for doc in ("trn2.md", "neuron.md"):
         assert contract.VLLM_NEURON_COMMIT in (repo / "docs" / doc).read_text(), doc
+
+
+def test_a_step_without_a_layers_metadata_is_refused_naming_the_layer():
+    from vllm_gdn_neuron.shells.neuron.step import NeuronStep
+
+    step = NeuronStep(torch.arange(2), torch.arange(2), {"model.layers.3.self_attn": {}}, is_decode=True)
+    assert step.layer_metadata("model.layers.3.self_attn") == {}
+    with pytest.raises(ValueError, match="attn_metadata has no entry for layer 'model.layers.0.linear_attn'"):
+        step.layer_metadata("model.layers.0.linear_attn")

@@ -10,7 +10,8 @@
   ``[q all heads | k all heads | v all heads]``), ``in_proj_z``, ``in_proj_b``, ``in_proj_a``.
 - Qwen3-Next packs them per key-head group: ``in_proj_qkvz`` rows are, for each of
   the Hk groups, ``[q_g (Dk) | k_g (Dk) | v_g (r*Dv) | z_g (r*Dv)]`` with r = Hv / Hk,
-  and ``in_proj_ba`` rows are ``[b_g (r) | a_g (r)]``. Loaders un-interleave them once,
+  and ``in_proj_ba`` rows are ``[b_g (r) | a_g (r)]``. :func:`flat_gdn_tensors` un-interleaves
+  them into Qwen3.5's names, the one layout both shells' loaders map onto their parameters,
   so the forward has one code path.
 """
 
@@ -75,3 +76,23 @@ def unpack_grouped_ba(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, 
     grouped = weight.reshape(hk, 2 * ratio, weight.shape[-1])
     b, a = grouped.split([ratio, ratio], dim=1)
     return b.reshape(-1, weight.shape[-1]), a.reshape(-1, weight.shape[-1])
+
+
+def flat_gdn_tensors(name: str, tensor: torch.Tensor, text_config) -> list[tuple[str, torch.Tensor]]:
+    """One text-decoder tensor in Qwen3.5's flat GatedDeltaNet layout.
+
+    Qwen3-Next's ``in_proj_qkvz`` becomes ``in_proj_qkv`` (q | k | v rows) and ``in_proj_z``,
+    its ``in_proj_ba`` becomes ``in_proj_b`` and ``in_proj_a``; a flat ``in_proj_qkv`` is
+    checked against the config's q / k / v sizes; any other tensor is returned as it is.
+    """
+    if name.endswith(".linear_attn.in_proj_qkvz.weight"):
+        q, k, v, z = unpack_grouped_qkvz(tensor, text_config)
+        base = name[: -len("in_proj_qkvz.weight")]
+        return [(base + "in_proj_qkv.weight", torch.cat([q, k, v])), (base + "in_proj_z.weight", z)]
+    if name.endswith(".linear_attn.in_proj_ba.weight"):
+        b, a = unpack_grouped_ba(tensor, text_config)
+        base = name[: -len("in_proj_ba.weight")]
+        return [(base + "in_proj_b.weight", b), (base + "in_proj_a.weight", a)]
+    if name.endswith(".linear_attn.in_proj_qkv.weight"):
+        split_flat_qkv(tensor, text_config)  # the sizes must add up
+    return [(name, tensor)]

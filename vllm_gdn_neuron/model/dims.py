@@ -4,12 +4,17 @@ One statement of what a config says about the model's shape, for the two shells 
 layers are GatedDeltaNet or attention, which feed-forwards are MoE), the start-up checks of
 ``vllm-gdn-serve`` (``checkpoint``) and the trn2 memory arithmetic (``sizing``): the layer
 kinds, the MoE rule and the parameter count of the text decoder as the Hugging Face
-checkpoint holds it. Reads config fields only: no torch, no transformers.
+checkpoint holds it, and one rank's share of a GatedDeltaNet layer (:class:`GDNDims`).
+Reads config fields only: no torch import, no transformers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def config_layer_types(text) -> tuple[str, ...]:
@@ -43,6 +48,56 @@ def is_sparse_layer(config, layer_idx: int) -> bool:
         and layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
         and (layer_idx + 1) % (getattr(config, "decoder_sparse_step", 1) or 1) == 0
     )
+
+
+@dataclass(frozen=True)
+class GDNDims:
+    """Head counts and sizes of one tensor-parallel rank's share of a GatedDeltaNet layer.
+
+    Attributes:
+        num_k_heads, num_v_heads: Hk and Hv on this rank.
+        head_k_dim, head_v_dim: Dk and Dv.
+        conv_kernel: K, the short conv's width.
+    """
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+    @classmethod
+    def from_config(cls, config, tp_size: int = 1) -> "GDNDims":
+        return cls(
+            config.linear_num_key_heads // tp_size,
+            config.linear_num_value_heads // tp_size,
+            config.linear_key_head_dim,
+            config.linear_value_head_dim,
+            config.linear_conv_kernel_dim,
+        )
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """C = 2 * Hk * Dk + Hv * Dv, the conv channels (q | k | v)."""
+        return 2 * self.key_dim + self.value_dim
+
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[N, C]`` conv output -> q, k ``[N, Hk, Dk]`` and v ``[N, Hv, Dv]``."""
+        n = x.shape[0]
+        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (
+            q.reshape(n, self.num_k_heads, self.head_k_dim),
+            k.reshape(n, self.num_k_heads, self.head_k_dim),
+            v.reshape(n, self.num_v_heads, self.head_v_dim),
+        )
 
 
 @dataclass(frozen=True)
@@ -109,8 +164,8 @@ class ModelDims:
 
     @property
     def conv_channels(self) -> int:
-        """Channels of the depthwise conv: q, k and v concatenated."""
-        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.linear_num_value_heads * self.linear_value_head_dim
+        """Channels of the depthwise conv: q, k and v concatenated (:attr:`GDNDims.conv_dim`)."""
+        return GDNDims.from_config(self).conv_dim
 
     def is_moe_layer(self, index: int) -> bool:
         return is_sparse_layer(self, index)

@@ -25,57 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.model.dims import GDNDims
 from vllm_gdn_neuron.ops.phases import TORCH_PHASES, GDNPhases
-
-
-@dataclass(frozen=True)
-class GDNDims:
-    """Head counts and sizes of one tensor-parallel rank's share of a GatedDeltaNet layer.
-
-    Attributes:
-        num_k_heads, num_v_heads: Hk and Hv on this rank.
-        head_k_dim, head_v_dim: Dk and Dv.
-        conv_kernel: K, the short conv's width.
-    """
-
-    num_k_heads: int
-    num_v_heads: int
-    head_k_dim: int
-    head_v_dim: int
-    conv_kernel: int
-
-    @classmethod
-    def from_config(cls, config, tp_size: int = 1) -> "GDNDims":
-        return cls(
-            config.linear_num_key_heads // tp_size,
-            config.linear_num_value_heads // tp_size,
-            config.linear_key_head_dim,
-            config.linear_value_head_dim,
-            config.linear_conv_kernel_dim,
-        )
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_k_heads * self.head_k_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_v_heads * self.head_v_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """C = 2 * Hk * Dk + Hv * Dv, the conv channels (q | k | v)."""
-        return 2 * self.key_dim + self.value_dim
-
-    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``[N, C]`` conv output -> q, k ``[N, Hk, Dk]`` and v ``[N, Hv, Dv]``."""
-        n = x.shape[0]
-        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        return (
-            q.reshape(n, self.num_k_heads, self.head_k_dim),
-            k.reshape(n, self.num_k_heads, self.head_k_dim),
-            v.reshape(n, self.num_v_heads, self.head_v_dim),
-        )
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):

@@ -14,7 +14,10 @@ plans from the config and the views the layer gets always agree.
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from vllm_gdn_neuron.model.checks import check_gdn_heads
+from vllm_gdn_neuron.model.dims import GDNDims
+from vllm_gdn_neuron.model.dtypes import DTYPES
+
 _SUPPORTED_SSM_DTYPES = ("auto", "float32", "bfloat16")
 
 
@@ -28,10 +31,8 @@ def gdn_state_shapes(text_config, tp_size: int) -> tuple[tuple[int, int], tuple[
     Returns:
         ``((C, K), (Hv_local, Dk, Dv))``.
     """
-    hk, hv = text_config.linear_num_key_heads, text_config.linear_num_value_heads
-    dk, dv = text_config.linear_key_head_dim, text_config.linear_value_head_dim
-    channels = (2 * hk * dk + hv * dv) // tp_size
-    return (channels, text_config.linear_conv_kernel_dim), (hv // tp_size, dk, dv)
+    dims = GDNDims.from_config(text_config, tp_size)
+    return (dims.conv_dim, dims.conv_kernel), (dims.num_v_heads, dims.head_k_dim, dims.head_v_dim)
 
 
 def gdn_state_dtypes(
@@ -45,8 +46,8 @@ def gdn_state_dtypes(
         mamba_cache_dtype: vLLM's ``--mamba-cache-dtype`` ("auto" or a dtype name).
         mamba_ssm_cache_dtype: vLLM's ``--mamba-ssm-cache-dtype``; "auto" means float32.
     """
-    conv = model_dtype if mamba_cache_dtype == "auto" else _DTYPES[mamba_cache_dtype]
-    ssm = torch.float32 if mamba_ssm_cache_dtype == "auto" else _DTYPES[mamba_ssm_cache_dtype]
+    conv = model_dtype if mamba_cache_dtype == "auto" else DTYPES[mamba_cache_dtype]
+    ssm = torch.float32 if mamba_ssm_cache_dtype == "auto" else DTYPES[mamba_ssm_cache_dtype]
     return conv, ssm
 
 
@@ -54,7 +55,8 @@ def check_gdn_config(
     text_config, tp_size: int, num_speculative_tokens: int, mamba_ssm_cache_dtype: str, quantization: str | None = None,
     prefix_caching: bool = False,
 ) -> None:
-    """Refuse, at start-up, a configuration the GatedDeltaNet layer cannot serve.
+    """Refuse, at start-up, a configuration the GatedDeltaNet layer cannot serve on vLLM: its heads
+    (:func:`~vllm_gdn_neuron.model.checks.check_gdn_heads`) and the engine's cache settings.
 
     Speculative decoding is served (the layer verifies ``1 + num_speculative_tokens`` tokens per
     request, one state slot per draft position), except with prefix caching (vLLM's mamba
@@ -64,23 +66,7 @@ def check_gdn_config(
     Raises:
         ValueError: naming the setting, what is supported and what was given.
     """
-    hk, hv = text_config.linear_num_key_heads, text_config.linear_num_value_heads
-    if hk <= 0 or hv % hk != 0:
-        raise ValueError(
-            f"linear_num_value_heads must be a positive multiple of linear_num_key_heads "
-            f"(grouped value heads); got linear_num_value_heads={hv}, linear_num_key_heads={hk}"
-        )
-    if hk % tp_size != 0:
-        raise ValueError(
-            f"tensor_parallel_size must divide linear_num_key_heads={hk} (and "
-            f"linear_num_value_heads={hv}); got tensor_parallel_size={tp_size}"
-        )
-    if text_config.linear_conv_kernel_dim < 1:
-        raise ValueError(
-            f"linear_conv_kernel_dim must be >= 1; got {text_config.linear_conv_kernel_dim}"
-        )
-    if text_config.hidden_act != "silu":
-        raise ValueError(f"hidden_act must be 'silu' for the GatedDeltaNet conv; got {text_config.hidden_act!r}")
+    check_gdn_heads(text_config, tp_size)
     if num_speculative_tokens and prefix_caching:
         raise ValueError(
             "speculative decoding with prefix caching is not supported by the vllm-gdn-neuron GatedDeltaNet "

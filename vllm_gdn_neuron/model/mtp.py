@@ -1,4 +1,4 @@
-"""The multi-token-prediction (MTP) head of Qwen3.5 / Qwen3-Next, less its decoder layer.
+"""The multi-token-prediction (MTP) head of Qwen3.5 / Qwen3-Next.
 
 A speculative drafter: one extra full-attention decoder layer (with the MLP or MoE block of
 layer 0's rule) that reads the target model's final hidden state at position i and the
@@ -13,13 +13,14 @@ draft hidden = norm(x, r)                  # -> lm_head (shared with the target)
 
 Checkpoints keep it under ``mtp.`` (``mtp.fc``, ``mtp.pre_fc_norm_embedding``,
 ``mtp.pre_fc_norm_hidden``, ``mtp.layers.0.*``, ``mtp.norm``) beside the target's tensors,
-whose embedding (and ``lm_head``) the head shares. Each shell builds the decoder layer and
-``fc`` from its own parallel layers.
+whose embedding (and ``lm_head``) the head shares. :class:`MultiTokenPredictor` is the head,
+built from a shell's :class:`~vllm_gdn_neuron.model.decoder.DecoderParts`.
 """
 
 import torch
 from torch import nn
 
+from vllm_gdn_neuron.model.decoder import DecoderLayer, DecoderParts
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 
 #: The MTP layer counts this head serves (the published checkpoints ship one).
@@ -80,3 +81,36 @@ class MTPInputNorms(nn.Module):
                 f"got {tuple(hidden_states.shape)}"
             )
         return torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden_states)], dim=-1)
+
+
+class MultiTokenPredictor(nn.Module):
+    """The MTP head (``mtp.*`` in the checkpoint) with the embedding it reads.
+
+    Dimensions:
+        T: tokens; H: hidden size.
+
+    Args:
+        config: the Hugging Face text config (checked by :func:`check_mtp_config`).
+        parts: the shell's :class:`~vllm_gdn_neuron.model.decoder.DecoderParts`.
+        prefix: the head's dotted name (``mtp``).
+    """
+
+    def __init__(self, config, parts: DecoderParts, prefix: str) -> None:
+        super().__init__()
+        check_mtp_config(config)
+        self.embed_tokens = parts.embedding(config)
+        self.input_norms = MTPInputNorms(config.hidden_size, config.rms_norm_eps)
+        self.fc = parts.replicated_linear(2 * config.hidden_size, config.hidden_size, prefix=f"{prefix}.fc")
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, idx, f"{prefix}.layers.{idx}", parts, layer_type="full_attention")
+            for idx in range(mtp_num_layers(config))
+        )
+        self.norm = parts.norm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, embeds: torch.Tensor, hidden_states: torch.Tensor, step) -> torch.Tensor:
+        """``embeds`` [T, H] of the tokens at i + 1, the target's [T, H] final hidden states at i
+        and the shell's step object (positions i) -> [T, H] draft hidden states."""
+        x = self.fc(self.input_norms(embeds, hidden_states))
+        x, residual = self.layers[0](x, None, step)
+        x, _ = self.norm(x, residual)
+        return x

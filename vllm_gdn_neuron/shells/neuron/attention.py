@@ -28,6 +28,7 @@ from vllm_gdn_neuron.shells.neuron.cache import BoundPages
 from vllm_gdn_neuron.shells.neuron.contract import reserved_pages
 from vllm_gdn_neuron.shells.neuron.kv_spec import LayerSpec
 from vllm_gdn_neuron.shells.neuron.packing import prefill_rows
+from vllm_gdn_neuron.shells.neuron.step import NeuronStep
 
 
 class NeuronGatedAttention(GatedAttentionMath):
@@ -77,25 +78,23 @@ class NeuronGatedAttention(GatedAttentionMath):
         """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.shells.neuron.cache.bind_allocations`)."""
         self.kv_pages = pages
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool,
-                rope_positions: torch.Tensor | None = None):
+    def forward(self, hidden: torch.Tensor, step: NeuronStep):
         """Attend, writing this step's K / V into the pages.
 
         Args:
-            positions: ``[T]`` int token positions (the cache positions: context and causality).
-            rope_positions: ``[T]`` int positions, or ``[3, T]`` M-RoPE positions, the
-                rotary embedding turns q and k by; default ``positions`` (they differ for
-                image tokens and the tokens after an image).
             hidden: ``[T, H]``.
-            metadata: this layer's ``attn_metadata`` entry.
-            is_decode: one token per block-table row, or a verify step's 1 + N (else the rows'
-                prompts packed end to end).
+            step: the step's :class:`~.step.NeuronStep`: this layer's metadata, ``positions``
+                (context and causality), ``rope_positions`` (``[T]`` or ``[3, T]`` M-RoPE, what
+                the rotary embedding turns q and k by) and ``is_decode`` (one token per
+                block-table row, or a verify step's 1 + N; else the rows' prompts packed end to end).
 
         Returns:
             ``[T, H]`` (summed over tensor-parallel ranks).
         """
-        q, k, v, gate = self.split_and_rotate(positions if rope_positions is None else rope_positions,
-                                              self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden))
+        metadata = step.layer_metadata(self.layer_name)
+        positions, is_decode = step.positions, step.is_decode
+        q, k, v, gate = self.split_and_rotate(step.rope_positions, self.q_proj(hidden), self.k_proj(hidden),
+                                              self.v_proj(hidden))
         live = metadata["slot_mapping"] > 0
         pages = self.kv_pages.view()
         self._write(pages, k, v, metadata["slot_mapping"], live)

@@ -12,10 +12,8 @@ checks are skipped.
 import logging
 
 from vllm_gdn_neuron.kernels.checks import MAX_HEAD_DIM
-from vllm_gdn_neuron.model.attention import check_attention_heads
-from vllm_gdn_neuron.model.dims import check_layer_types
+from vllm_gdn_neuron.model.checks import check_text_config as check_model_config
 from vllm_gdn_neuron.model.mtp import check_mtp_config
-from vllm_gdn_neuron.model.rotary import check_rope_parameters
 from vllm_gdn_neuron.shells.neuron.vision_tower import check_vision_layout
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
@@ -29,44 +27,15 @@ _UNSPLIT_LAYOUTS = ("ep_degree", "attention_dp_size", "embedding_dp_size", "lm_h
 
 
 def check_text_config(config, tp_size: int) -> None:
-    """Refuse a text config the shell or the NKI kernels cannot serve at ``tp_size`` ranks."""
-    check_layer_types(config)
-    if len(config.layer_types) != config.num_hidden_layers:
-        raise ValueError(
-            f"layer_types must have num_hidden_layers={config.num_hidden_layers} entries; got {len(config.layer_types)}"
-        )
-    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
-    if hk <= 0 or hv % hk:
-        raise ValueError(
-            f"linear_num_value_heads must be a positive multiple of linear_num_key_heads; "
-            f"got linear_num_value_heads={hv}, linear_num_key_heads={hk}"
-        )
+    """Refuse a text config the model definition (:func:`vllm_gdn_neuron.model.checks.check_text_config`),
+    the shell or the NKI kernels cannot serve at ``tp_size`` ranks."""
+    check_model_config(config, tp_size)
     for field in ("linear_key_head_dim", "linear_value_head_dim"):
         size = getattr(config, field)
         if not 1 <= size <= MAX_HEAD_DIM:
             raise ValueError(f"{field} must be in [1, {MAX_HEAD_DIM}] (one NKI partition tile); got {size}")
-    if hk % tp_size:
-        raise ValueError(
-            f"tensor_parallel_size must divide linear_num_key_heads={hk}; got tensor_parallel_size={tp_size}"
-        )
-    check_attention_heads(config, tp_size)
-    if config.linear_conv_kernel_dim < 1:
-        raise ValueError(f"linear_conv_kernel_dim must be >= 1; got {config.linear_conv_kernel_dim}")
-    if config.hidden_act != "silu":
-        raise ValueError(f"hidden_act must be 'silu'; got {config.hidden_act!r}")
     if getattr(config, "attention_bias", False):
         raise ValueError("attention_bias must be False (the Neuron shell loads no attention biases); got True")
-    check_rope_parameters(config)
-    if getattr(config, "num_experts", 0):
-        for field in ("moe_intermediate_size", "shared_expert_intermediate_size"):
-            if getattr(config, field) % tp_size:
-                raise ValueError(
-                    f"tensor_parallel_size must divide {field}={getattr(config, field)}; got {tp_size}"
-                )
-    if getattr(config, "intermediate_size", None) and config.intermediate_size % tp_size:
-        raise ValueError(
-            f"tensor_parallel_size must divide intermediate_size={config.intermediate_size}; got {tp_size}"
-        )
 
 
 def check_neuron_config(neuron_config, config, max_model_len: int | None, max_num_seqs: int | None) -> None:

@@ -36,6 +36,7 @@ from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, BoundPages, GDNPage
 from vllm_gdn_neuron.shells.neuron.contract import reserved_pages
 from vllm_gdn_neuron.shells.neuron.kv_spec import RecurrentLayerSpec
 from vllm_gdn_neuron.shells.neuron.packing import prefill_rows
+from vllm_gdn_neuron.shells.neuron.step import NeuronStep
 
 
 @dataclass
@@ -177,22 +178,21 @@ class NeuronGatedDeltaNet(nn.Module):
         """Keep the allocation of this layer's pages (:func:`~vllm_gdn_neuron.shells.neuron.cache.bind_allocations`)."""
         self.state_pages = pages
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: dict, is_decode: bool,
-                width: int = 1, pending: list | None = None):
+    def forward(self, hidden: torch.Tensor, engine_step: NeuronStep):
         """Mix one step's tokens.
 
         Args:
-            positions: ``[T]`` token positions.
             hidden: ``[T, H]`` in the model dtype.
-            metadata: this layer's ``attn_metadata`` entry.
-            is_decode: ``width`` tokens per block-table row (else the rows' prompts packed end to end).
-            width: tokens per decode row: 1, or 1 + N in a verify step.
-            pending: a verify step's list that takes this layer's :class:`PendingStates`
-                (the pages are written by the model once the drafts are judged).
+            engine_step: the step's :class:`~.step.NeuronStep` (this layer's metadata, positions,
+                ``is_decode``, ``width``; a verify step's ``pending`` list takes this layer's
+                :class:`PendingStates`, the pages written by the model once the drafts are judged).
 
         Returns:
             ``[T, H]`` (summed over tensor-parallel ranks).
         """
+        metadata = engine_step.layer_metadata(self.layer_name)
+        positions, is_decode = engine_step.positions, engine_step.is_decode
+        width, pending = engine_step.width, engine_step.pending
         tokens = hidden.shape[0]
         state_pages = self.state_pages.view()
         page_elems = state_pages.shape[1]

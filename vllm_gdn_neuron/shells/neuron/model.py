@@ -13,10 +13,12 @@ The runner's contract (pinned in :mod:`.contract`):
    ``neuron_config.on_device_sampling_config`` set, ``(token_ids [num_reqs] int32, logits or
    None)`` sampled in the graph from ``sampling_params`` (:mod:`.sampling`).
 
+The decoder is :mod:`vllm_gdn_neuron.model.decoder`'s, built from the Neuron parts
+(:class:`NeuronDecoderParts`); the per-step inputs travel as one :class:`.step.NeuronStep`:
+
 ```
-x = embed(ids)
-for layer:  h, r = norm_in(x, r); h = mixer(h); h, r = norm_post(h, r); x = ffn(h)
-logits = lm_head(norm(x, r)[sampling_positions])
+hidden = model(embed(ids), step)                 # the shared TextModel
+logits = lm_head(hidden[sampling_positions])
 ids = sample(logits, sampling_params)            # on-device sampling only
 ```
 
@@ -28,7 +30,8 @@ and ``ops.paged_gdn_*`` on the gathered state rows.
 import torch
 from torch import nn
 
-from vllm_gdn_neuron.model.dims import is_sparse_layer
+from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
+from vllm_gdn_neuron.model.dtypes import config_dtype
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.shells.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
@@ -43,22 +46,15 @@ from vllm_gdn_neuron.shells.neuron.parallel import current_tp_group
 from vllm_gdn_neuron.shells.neuron.sampling import OnDeviceSampler
 from vllm_gdn_neuron.shells.neuron.spec_decode import commit_states, judge_drafts, verify_width
 from vllm_gdn_neuron.shells.neuron.static_graphs import require_static_graphs
+from vllm_gdn_neuron.shells.neuron.step import NeuronStep
 from vllm_gdn_neuron.shells.neuron.weights import load_checkpoint
 from vllm_gdn_neuron.shells.neuron.vision import check_vision_inputs, merge_vision_embeddings
 from vllm_gdn_neuron.shells.neuron.vision_tower import (NeuronVisionTower, VisionLayout, encode_images,
                                                  synthetic_vision_inputs)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def text_config_of(hf_config):
     """The text decoder's config (``text_config`` of a vision-language checkpoint)."""
     return getattr(hf_config, "text_config", None) or hf_config
-
-
-def model_dtype(text_config) -> torch.dtype:
-    raw = getattr(text_config, "dtype", None) or getattr(text_config, "torch_dtype", None) or torch.bfloat16
-    return raw if isinstance(raw, torch.dtype) else _DTYPES[str(raw).replace("torch.", "")]
 
 
 def current_vllm_config():
@@ -104,55 +100,33 @@ def engine_limits(vllm_config) -> dict:
     return limits
 
 
-class NeuronDecoderLayer(nn.Module):
-    """One block: token mixer (GatedDeltaNet or gated attention) + feed-forward, pre-norm."""
+class NeuronDecoderParts(DecoderParts):
+    """The Neuron pieces of the shared decoder: plain per-rank linears in the model dtype,
+    attention and GatedDeltaNet over page-major pages, the all-reduce after the feed-forward."""
 
-    def __init__(self, config, layer_idx: int, tp_group, dtype: torch.dtype) -> None:
-        super().__init__()
+    def __init__(self, tp_group, dtype: torch.dtype) -> None:
         self.tp_group = tp_group
-        self.is_linear = config.layer_types[layer_idx] == "linear_attention"
-        if self.is_linear:
-            self.linear_attn = NeuronGatedDeltaNet(config, f"model.layers.{layer_idx}.linear_attn", tp_group, dtype)
-        else:
-            self.self_attn = NeuronGatedAttention(config, f"model.layers.{layer_idx}.self_attn", tp_group, dtype)
-        tp = tp_group.world_size
-        if is_sparse_layer(config, layer_idx):
-            self.mlp = NeuronSparseMoE(config, tp, dtype)
-        else:
-            self.mlp = NeuronSwiGLU(config.hidden_size, config.intermediate_size // tp, dtype)
-        self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps).to(dtype)
-        self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps).to(dtype)
+        self.dtype = dtype
+        self.feed_forward_reduce = tp_group.all_reduce
 
-    @property
-    def mixer(self):
-        return self.linear_attn if self.is_linear else self.self_attn
+    def embedding(self, config) -> nn.Module:
+        """Replicated on every rank."""
+        return nn.Embedding(config.vocab_size, config.hidden_size, dtype=self.dtype)
 
-    def forward(self, positions, rope_positions, hidden, residual, attn_metadata, is_decode, width=1, pending=None):
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        name = self.mixer.layer_name
-        if name not in attn_metadata:
-            raise ValueError(f"attn_metadata has no entry for layer {name!r}: the step cannot advance its cache")
-        if self.is_linear:
-            hidden = self.linear_attn(positions, hidden, attn_metadata[name], is_decode, width, pending)
-        else:
-            hidden = self.self_attn(positions, hidden, attn_metadata[name], is_decode, rope_positions)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.tp_group.all_reduce(self.mlp(hidden)), residual
+    def norm(self, hidden_size: int, eps: float) -> nn.Module:
+        return ZeroCentredRMSNorm(hidden_size, eps=eps).to(self.dtype)
 
+    def linear_attention(self, config, prefix: str) -> nn.Module:
+        return NeuronGatedDeltaNet(config, prefix, self.tp_group, self.dtype)
 
-class NeuronTextModel(nn.Module):
-    """Embeddings (replicated on every rank), the decoder layers and the final norm (``model.*``)."""
+    def full_attention(self, config, prefix: str) -> nn.Module:
+        return NeuronGatedAttention(config, prefix, self.tp_group, self.dtype)
 
-    def __init__(self, config, tp_group, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(
-            NeuronDecoderLayer(config, idx, tp_group, dtype) for idx in range(config.num_hidden_layers)
-        )
-        self.norm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps).to(dtype)
+    def dense_mlp(self, config, prefix: str) -> nn.Module:
+        return NeuronSwiGLU(config.hidden_size, config.intermediate_size // self.tp_group.world_size, self.dtype)
+
+    def sparse_moe(self, config, prefix: str) -> nn.Module:
+        return NeuronSparseMoE(config, self.tp_group.world_size, self.dtype)
 
 
 class Qwen3_5NeuronForCausalLM(nn.Module):
@@ -189,11 +163,11 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         self.config = config
         self.spatial_merge_size = getattr(getattr(hf_config, "vision_config", None), "spatial_merge_size", 1)
         self.uses_mrope = "mrope_section" in (config.rope_parameters or {})
-        self.dtype = limits["dtype"] or model_dtype(config)
+        self.dtype = limits["dtype"] or config_dtype(config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False)
                                         or getattr(config, "tie_word_embeddings", False))
         self.vocab_shards = tp if config.vocab_size % tp == 0 else 1
-        self.model = NeuronTextModel(config, self.tp_group, self.dtype)
+        self.model = TextModel(config, NeuronDecoderParts(self.tp_group, self.dtype), prefix="model")
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size // self.vocab_shards, bias=False,
                                  dtype=self.dtype)
         sampling_config = getattr(neuron_config, "on_device_sampling_config", None)
@@ -351,41 +325,50 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
             ``[rows, W]`` int32 instead: each row's ids up to its first rejected draft's
             correction (or the bonus id), ``-1`` after.
         """
-        layers = self.model.layers
-        first = attn_metadata[layers[0].mixer.layer_name]
+        step = self._engine_step(input_ids.shape[0], positions, rotary_position_ids, attn_metadata,
+                                 spec_decode_metadata)
+        if self.sampler is not None:
+            self.sampler.check(sampling_params, sampling_positions.shape[0])
+        hidden = self._input_embeddings(input_ids, inputs_embeds, is_token_ids)
+        if vision_embedding_blocks is not None or vision_positions is not None:
+            check_vision_inputs(vision_embedding_blocks, vision_positions, hidden.shape[0], hidden.shape[1],
+                                step.is_decode)
+            hidden = merge_vision_embeddings(hidden, vision_embedding_blocks, vision_positions)
+        hidden = self.model(hidden, step)
+        logits = self.compute_logits(hidden.index_select(0, sampling_positions.to(torch.int64)))
+        logits = logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
+        if self.sampler is None:
+            return logits
+        ids = self.sampler(logits, sampling_params)
+        if step.width > 1:
+            ids, kept = judge_drafts(ids, spec_decode_metadata.draft_token_ids, step.width)
+            commit_states(step.pending, kept)
+        return ids, (logits if self.returns_logits else None)
+
+    def _engine_step(self, num_tokens: int, positions, rotary_position_ids, attn_metadata,
+                     spec_decode_metadata) -> NeuronStep:
+        """The step object the mixers read: decode or prefill (from the first layer's metadata), the
+        tokens per decode row (1, or 1 + N on a verify step) and the rotary positions.
+
+        Raises:
+            ValueError: for ``spec_decode_metadata`` on a prefill step, or without on-device sampling.
+        """
+        first = attn_metadata[self.model.layers[0].mixer.layer_name]
         is_decode = first["max_query_len"] <= first["decode_token_threshold"]
         width = 1
         if is_decode:
-            width = verify_width(input_ids.shape[0], first["block_table_tensor"].shape[0], spec_decode_metadata)
+            width = verify_width(num_tokens, first["block_table_tensor"].shape[0], spec_decode_metadata)
         elif spec_decode_metadata is not None:
             raise ValueError("spec_decode_metadata must be None on a prefill step (max_query_len "
                              f"{first['max_query_len']} > decode_token_threshold {first['decode_token_threshold']})")
         if width > 1 and self.sampler is None:
             raise ValueError("spec_decode_metadata needs on-device sampling: the drafts are judged in the step's "
                              "graph (set neuron_config.on_device_sampling_config)")
-        if self.sampler is not None:
-            self.sampler.check(sampling_params, sampling_positions.shape[0])
-        hidden = self._input_embeddings(input_ids, inputs_embeds, is_token_ids)
-        if vision_embedding_blocks is not None or vision_positions is not None:
-            check_vision_inputs(vision_embedding_blocks, vision_positions, hidden.shape[0], hidden.shape[1], is_decode)
-            hidden = merge_vision_embeddings(hidden, vision_embedding_blocks, vision_positions)
         rope_positions = (positions if rotary_position_ids is None
                           else self._rope_positions(rotary_position_ids, positions.shape[0]))
-        residual = None
-        pending = [] if width > 1 else None  # a verify step's GDN states, written once the drafts are judged
-        for layer in layers:
-            hidden, residual = layer(positions, rope_positions, hidden, residual, attn_metadata, is_decode, width,
-                                     pending)
-        hidden, _ = self.model.norm(hidden, residual)
-        logits = self.compute_logits(hidden.index_select(0, sampling_positions.to(torch.int64)))
-        logits = logits if logit_mask is None else self._apply_logit_mask(logits, logit_mask)
-        if self.sampler is None:
-            return logits
-        ids = self.sampler(logits, sampling_params)
-        if width > 1:
-            ids, kept = judge_drafts(ids, spec_decode_metadata.draft_token_ids, width)
-            commit_states(pending, kept)
-        return ids, (logits if self.returns_logits else None)
+        # A verify step's GDN states go to ``pending``, written once the drafts are judged.
+        return NeuronStep(positions, rope_positions, attn_metadata, is_decode, width,
+                          pending=[] if width > 1 else None)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``[T, H]`` token embeddings of ``[T]`` ids (vLLM's name for it)."""

@@ -6,7 +6,8 @@ loaded into ``visual.tower.*``, replicated, where the model has one and skipped 
 except where the layouts differ:
 
 - Qwen3-Next ``in_proj_qkvz`` / ``in_proj_ba`` are un-interleaved into Qwen3.5's
-  ``in_proj_qkv`` + ``in_proj_z`` and ``in_proj_b`` + ``in_proj_a``;
+  ``in_proj_qkv`` + ``in_proj_z`` and ``in_proj_b`` + ``in_proj_a``
+  (:func:`~vllm_gdn_neuron.model.checkpoint.flat_gdn_tensors`);
 - routed experts, per-expert (``experts.{e}.gate_proj.weight``, ...) or fused 3-D
   (``experts.gate_up_proj``, ``experts.down_proj``), fill the stacked
   ``experts.gate_up_proj [E, 2 * I, H]`` and ``experts.down_proj [E, H, I]``;
@@ -23,8 +24,7 @@ import re
 
 import torch
 
-from vllm_gdn_neuron.model.checkpoint import (split_flat_qkv, text_tensor_name, unpack_grouped_ba, unpack_grouped_qkvz,
-                                               vision_tensor_name)
+from vllm_gdn_neuron.model.checkpoint import flat_gdn_tensors, text_tensor_name, vision_tensor_name
 from vllm_gdn_neuron.shells.neuron.parallel import shard
 
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
@@ -163,17 +163,11 @@ def load_checkpoint(model, model_path: str, device: torch.device, download_dir: 
 
 def _plan(name: str, tensor: torch.Tensor, config):
     """The ``(parameter, tensor, index into the parameter or None)`` writes of one checkpoint tensor."""
-    if name.endswith(".linear_attn.in_proj_qkvz.weight"):
-        q, k, v, z = unpack_grouped_qkvz(tensor, config)
-        base = name[: -len("in_proj_qkvz.weight")]
-        return [(base + "in_proj_qkv.weight", torch.cat([q, k, v]), None), (base + "in_proj_z.weight", z, None)]
-    if name.endswith(".linear_attn.in_proj_ba.weight"):
-        b, a = unpack_grouped_ba(tensor, config)
-        base = name[: -len("in_proj_ba.weight")]
-        return [(base + "in_proj_b.weight", b, None), (base + "in_proj_a.weight", a, None)]
-    if name.endswith(".linear_attn.in_proj_qkv.weight"):
-        split_flat_qkv(tensor, config)  # shape check of the flat layout
-        return [(name, tensor, None)]
+    return [write for flat_name, flat in flat_gdn_tensors(name, tensor, config) for write in _writes(flat_name, flat)]
+
+
+def _writes(name: str, tensor: torch.Tensor):
+    """The writes of one tensor in the flat layout."""
     if name.endswith(".linear_attn.conv1d.weight"):
         return [(name, tensor.reshape(tensor.shape[0], tensor.shape[-1]), None)]
     match = _EXPERT.match(name)

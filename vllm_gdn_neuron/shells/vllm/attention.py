@@ -58,12 +58,12 @@ class GatedAttention(GatedAttentionMath):
             prefix=f"{prefix}.attn",
         )
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, step) -> torch.Tensor:
         """Attend.
 
         Args:
-            positions: [T] int64 token positions.
             hidden_states: [T, H].
+            step: the forward's :class:`~.step.EngineStep` (``positions``: [T] or [3, T] int64).
 
         Returns:
             [T, H].
@@ -71,7 +71,7 @@ class GatedAttention(GatedAttentionMath):
         num_tokens = hidden_states.shape[0]
         qkv, _ = self.qkv_proj(hidden_states)
         q_gate, k, v = qkv.split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k, v, gate = self.split_and_rotate(positions, q_gate, k, v)
+        q, k, v, gate = self.split_and_rotate(step.positions, q_gate, k, v)
         out = self.attn(q.reshape(num_tokens, self.q_size), k.reshape(num_tokens, self.kv_size),
                         v.reshape(num_tokens, self.kv_size))
         out, _ = self.o_proj(self.gate_output(out, gate))

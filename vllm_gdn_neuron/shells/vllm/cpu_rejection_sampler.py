@@ -13,7 +13,10 @@ drafts replaced, from target probabilities at a temperature nobody asked for: th
 do not follow the target's distribution. Greedy requests never call the kernel.
 
 :func:`install` replaces that one shim with :func:`expand_at_dtype` (the Triton kernel's
-semantics at the caller's dtype); Triton's own kernel, or any other override, stays.
+semantics at the caller's dtype); Triton's own kernel, or any other override, stays. The
+plugin's ``register()`` calls :func:`install_after_platform_overrides` on vLLM's CPU platform
+for the vLLM releases in :data:`PATCHED_VLLM`: vLLM registers its CPU shims after it loads the
+plugins, so the replacement follows that registration.
 """
 
 import torch
@@ -23,6 +26,13 @@ from vllm.logger import init_logger
 logger = init_logger(f"vllm.plugins.{__name__}")
 
 KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+#: The vLLM releases (``major.minor``) whose CPU expand shim loses its output.
+PATCHED_VLLM = ("0.32",)
+
+
+def needs_patch(vllm_version: str) -> bool:
+    """Whether ``vllm_version`` (``0.32.0``, ``0.32.1+cpu``, ...) is one of :data:`PATCHED_VLLM`."""
+    return ".".join(vllm_version.split("+")[0].split(".")[:2]) in PATCHED_VLLM
 
 
 def expand_at_dtype(output_ptr: torch.Tensor, input_ptr: torch.Tensor, cu_num_tokens_ptr: torch.Tensor,
@@ -49,8 +59,8 @@ def expand_at_dtype(output_ptr: torch.Tensor, input_ptr: torch.Tensor, cu_num_to
 def install() -> bool:
     """Replace vLLM 0.32's CPU expand shim with :func:`expand_at_dtype` in this process, once.
 
-    Call it after vLLM registered its CPU kernel overrides (a worker's model
-    construction comes after). Returns whether the shim was found and replaced.
+    Call it after vLLM registered its CPU kernel overrides. Returns whether the shim was
+    found and replaced.
     """
     from vllm.triton_utils.dispatcher import register_kernels
     from vllm.utils import cpu_triton_utils
@@ -60,6 +70,29 @@ def install() -> bool:
     if current is not cpu_triton_utils._expand_kernel_impl:
         return False
     register_kernels({KERNEL: expand_at_dtype})
-    logger.info("vllm-gdn-neuron: speculative decoding samples through a dtype-preserving CPU expand kernel "
-                "(vLLM 0.32's C++ shim leaves the rejection sampler's per-token temperatures unwritten)")
+    logger.info("vllm-gdn-neuron: the rejection sampler expands through a dtype-preserving CPU kernel "
+                "(vLLM 0.32's C++ shim leaves its per-token temperatures unwritten)")
     return True
+
+
+def install_after_platform_overrides() -> None:
+    """Make vLLM's CPU platform run :func:`install` right after it registers its kernel
+    overrides (this process, once).
+
+    A worker loads the plugins, then registers the platform's overrides (the shim among
+    them), then builds the model: the shim is replaced there, before any step samples.
+    Imports nothing beyond vLLM's platform (``register()`` runs in every vLLM process).
+    """
+    from vllm.platforms import current_platform
+
+    platform_class = type(current_platform)
+    register_overrides = platform_class.register_triton_kernel_overrides
+    if getattr(register_overrides, "installs_cpu_expand_kernel", False):
+        return
+
+    def register_then_install(cls) -> None:
+        register_overrides()
+        install()
+
+    register_then_install.installs_cpu_expand_kernel = True
+    platform_class.register_triton_kernel_overrides = classmethod(register_then_install)

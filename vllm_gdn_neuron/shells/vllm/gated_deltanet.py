@@ -8,12 +8,12 @@ shell); this module only adapts vLLM's pieces to it:
 - cache: ``self.kv_cache = (conv [blocks, C, K], ssm [blocks, Hv, Dk, Dv])``, one page
   per block, block 0 being vLLM's null block (never a request's: the ops' pad page);
 - metadata: vLLM's ``GDNAttentionMetadata`` (decodes ordered before prefills) becomes
-  ``ops.DecodeStep`` / ``ops.PrefillStep``, built and checked on the host once per step
-  and shared by every GDN layer of the step; with speculative decoding, its verify rows
+  ``ops.DecodeStep`` / ``ops.PrefillStep``, built and checked on the host once per step; with speculative decoding, its verify rows
   (``spec_*``: 1 + drafts tokens per request, one state page per draft position,
   ``num_accepted_tokens``) become an ``ops.VerifyStep``, and a step mixing them with
   prefills is permuted (``spec_token_indx`` then ``non_spec_token_indx``) into the ops'
-  verify-first order and back;
+  verify-first order and back; the first layer of a step builds them, the step object
+  (:class:`~.step.EngineStep`) keeps them for the others;
 - backend: each phase's paged op resolved once, when the layer is built (``ops.phases``: the
   CPU's instruction sets or a start-up measurement on the layer's shapes, logged once; or
   ``$VLLM_GDN_BACKEND``): torch math, vLLM's C++ kernels, or the NKI kernels.
@@ -42,6 +42,7 @@ from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.phases import resolve_phases
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
+from vllm_gdn_neuron.shells.vllm.step import EngineStep
 
 # vLLM's null block: never allocated to a request, so padding (if any) is routed there.
 PAD_PAGE = 0
@@ -145,11 +146,12 @@ class GatedDeltaNet(nn.Module, MambaBase):
 
     # --- forward ----------------------------------------------------------------------
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, step: EngineStep) -> torch.Tensor:
         """Mix the tokens of one engine step.
 
         Args:
             hidden_states: [T, H] in the model dtype.
+            step: the forward's :class:`~.step.EngineStep` (keeps the ops' metadata of the step).
 
         Returns:
             [T, H] in the model dtype.
@@ -164,12 +166,12 @@ class GatedDeltaNet(nn.Module, MambaBase):
         b, a = ba.split([self.num_v_heads, self.num_v_heads], dim=-1)
 
         cache = getattr(self, "kv_cache", ())
-        step = layer_metadata(get_forward_context().attn_metadata, self.prefix, cache_bound=len(cache) > 0)
-        if step is None:  # vLLM's profiling run, before any cache exists
+        metadata = layer_metadata(get_forward_context().attn_metadata, self.prefix, cache_bound=len(cache) > 0)
+        if metadata is None:  # vLLM's profiling run, before any cache exists
             core = qkv.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)
         else:
             conv_cache, ssm_cache = cache
-            parts = engine_step(step, conv_cache.shape[0])
+            parts = step.gdn_parts(metadata, conv_cache.shape[0], engine_step)
             if parts.order is not None:
                 qkv, a, b = (t.index_select(0, parts.order) for t in (qkv, a, b))
             core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
@@ -245,19 +247,14 @@ class StepParts:
     order: torch.Tensor | None
 
 
-_last_step: list = [None, None]  # (vLLM's metadata object, its parts): one entry, the current step
-
-
 def engine_step(metadata, num_pages: int) -> StepParts:
-    """The ops' metadata of vLLM's ``GDNAttentionMetadata`` (built and checked once per step).
+    """The ops' metadata of vLLM's ``GDNAttentionMetadata``, host-checked.
 
-    vLLM hands every GDN layer of a step the same metadata object, so the first layer
-    builds and host-checks the parts and the others reuse them. With speculative decoding
-    vLLM turns a step's plain decodes into one-token prefills, so verify rows and decode
-    rows never share a step.
+    Built once per step and metadata object (:meth:`.step.EngineStep.gdn_parts`): vLLM hands
+    every GDN layer of a step the same metadata object. With speculative decoding vLLM turns
+    a step's plain decodes into one-token prefills, so verify rows and decode rows never
+    share a step.
     """
-    if _last_step[0] is metadata:
-        return _last_step[1]
     verify = decode = prefill = order = None
     if metadata.num_spec_decodes:
         n = metadata.num_spec_decodes
@@ -275,6 +272,4 @@ def engine_step(metadata, num_pages: int) -> StepParts:
                         metadata.prefill_has_initial_state[:n])
         prefill = ops.PrefillStep.build(*prefill_args, metadata.num_prefill_tokens, exact_plan=True)
     ops.check_step(num_pages, PAD_PAGE, decode=decode, prefill=prefill, verify=verify)
-    parts = StepParts(verify, decode, prefill, order)
-    _last_step[:] = [metadata, parts]
-    return parts
+    return StepParts(verify, decode, prefill, order)

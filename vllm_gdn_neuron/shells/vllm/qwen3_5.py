@@ -1,16 +1,9 @@
 """Qwen3.5 (dense and MoE) and Qwen3-Next hybrid decoders for vLLM.
 
-Every layer is a token mixer (GatedDeltaNet for ``linear_attention`` layers, gated
-full attention for ``full_attention`` layers, per ``config.layer_types``) followed by
-a feed-forward block (dense SwiGLU, or the routed experts + shared expert on the
-layers the config marks sparse), each behind a zero-centred RMSNorm with the
-residual added in the norm:
-
-```
-x = embed(ids)
-for layer:  h, r = norm_in(x, r); h = mixer(h); h, r = norm_post(h, r); x = ffn(h)
-logits = lm_head(norm(x, r))          # lm_head is embed_tokens when the config ties them
-```
+The decoder is :mod:`vllm_gdn_neuron.model.decoder`'s, built from vLLM's parts
+(:class:`VllmDecoderParts`); this module adds what vLLM asks of a model: the LM head and
+logits processor, the mamba-style cache's shapes, dtypes and copy functions (``IsHybrid``),
+weight loading, and the multimodal interfaces.
 
 The text model classes differ only in how the checkpoint is laid out (see ``weights.py``).
 The vision-language classes wrap the text model (``language_model``) and add the vision
@@ -26,6 +19,7 @@ from torch import nn
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -33,18 +27,17 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsMRoPE, SupportsMultiModal
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import MultiModalFeatureSpec
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 from vllm_gdn_neuron.model.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
-from vllm_gdn_neuron.model.dims import is_sparse_layer
+from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.model.vision import VisionTower, mrope_positions, token_runs, vision_grid_inputs
-from vllm_gdn_neuron.shells.vllm import cpu_rejection_sampler
 from vllm_gdn_neuron.shells.vllm.attention import GatedAttention
 from vllm_gdn_neuron.shells.vllm.gated_deltanet import GatedDeltaNet
 from vllm_gdn_neuron.shells.vllm.mlp import SparseMoE, SwiGLUMLP
+from vllm_gdn_neuron.shells.vllm.step import EngineStep
 from vllm_gdn_neuron.shells.vision_processing import (
     Qwen3_5VisionDummyInputsBuilder,
     Qwen3_5VisionMultiModalProcessor,
@@ -56,69 +49,41 @@ from vllm_gdn_neuron.shells.vllm.weights import plan_loads
 # Under the "vllm" logger so vLLM's log configuration prints it.
 logger = init_logger(f"vllm.plugins.{__name__}")
 
-class HybridDecoderLayer(nn.Module):
-    """One Qwen3.5 block: token mixer + feed-forward, pre-norm, fused residual adds."""
+class VllmDecoderParts(DecoderParts):
+    """The vLLM pieces of the shared decoder: vocab-parallel embedding, parallel linears
+    (row-parallel outputs reduce inside), attention and GatedDeltaNet over vLLM's caches."""
 
-    def __init__(self, vllm_config: VllmConfig, layer_idx: int, prefix: str, layer_type: str | None = None) -> None:
-        """``layer_type`` overrides ``config.layer_types[layer_idx]`` (the MTP head's layer is
-        full attention with layer 0's feed-forward rule)."""
-        super().__init__()
-        config = vllm_config.model_config.hf_text_config
-        self.layer_type = layer_type or config.layer_types[layer_idx]
-        if self.layer_type == "linear_attention":
-            self.linear_attn = GatedDeltaNet(config, vllm_config, prefix=f"{prefix}.linear_attn")
-        elif self.layer_type == "full_attention":
-            self.self_attn = GatedAttention(config, vllm_config.cache_config, prefix=f"{prefix}.self_attn")
-        else:
-            raise ValueError(
-                f"layer_types[{layer_idx}] must be 'linear_attention' or 'full_attention'; got {self.layer_type!r}"
-            )
-        if is_sparse_layer(config, layer_idx):
-            self.mlp = SparseMoE(config, prefix=f"{prefix}.mlp")
-        else:
-            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, prefix=f"{prefix}.mlp")
-        self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
 
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T, H] hidden states and residual in, the same out (residual not yet added)."""
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        if self.layer_type == "linear_attention":
-            hidden_states = self.linear_attn(hidden_states)
-        else:
-            hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+    def embedding(self, config) -> nn.Module:
+        return VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+
+    def norm(self, hidden_size: int, eps: float) -> nn.Module:
+        return ZeroCentredRMSNorm(hidden_size, eps=eps)
+
+    def linear_attention(self, config, prefix: str) -> nn.Module:
+        return GatedDeltaNet(config, self.vllm_config, prefix=prefix)
+
+    def full_attention(self, config, prefix: str) -> nn.Module:
+        return GatedAttention(config, self.vllm_config.cache_config, prefix=prefix)
+
+    def dense_mlp(self, config, prefix: str) -> nn.Module:
+        return SwiGLUMLP(config.hidden_size, config.intermediate_size, prefix=prefix)
+
+    def sparse_moe(self, config, prefix: str) -> nn.Module:
+        return SparseMoE(config, prefix=prefix)
+
+    def replicated_linear(self, in_features: int, out_features: int, prefix: str) -> nn.Module:
+        return GatheredLinear(in_features, out_features, bias=False, gather_output=True, prefix=prefix)
 
 
-class HybridModel(nn.Module):
-    """Embeddings, the decoder layers and the final norm (``model.*`` in the checkpoint)."""
+class GatheredLinear(ColumnParallelLinear):
+    """A column-parallel linear layer whose forward returns the gathered output alone."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str) -> None:
-        super().__init__()
-        config = vllm_config.model_config.hf_text_config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            HybridDecoderLayer(vllm_config, idx, prefix=f"{prefix}.layers.{idx}")
-            for idx in range(config.num_hidden_layers)
-        )
-        self.norm = ZeroCentredRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(
-        self, input_ids: torch.Tensor | None, positions: torch.Tensor, inputs_embeds: torch.Tensor | None
-    ) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        residual = None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = super().forward(x)
+        return out
 
 
 def _copy_whole_state(
@@ -216,16 +181,12 @@ class Qwen3_5ForCausalLM(WithLMHead, HasInnerState, IsHybrid):
     """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
 
     The same class serves the MoE variant (sparse layers come from the config) and,
-    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections. With
-    speculative decoding on vLLM's CPU platform it installs the rejection sampler's expand
-    kernel of :mod:`cpu_rejection_sampler` (vLLM 0.32's CPU shim leaves the per-draft
-    temperatures unwritten, so sampled drafts were judged at a garbage temperature).
+    through :func:`plan_loads`, the Qwen3-Next packed GatedDeltaNet projections.
     """
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__(vllm_config, HybridModel(vllm_config, prefix="model"))
-        if vllm_config.speculative_config is not None and current_platform.is_cpu():
-            cpu_rejection_sampler.install()
+        config = vllm_config.model_config.hf_text_config
+        super().__init__(vllm_config, TextModel(config, VllmDecoderParts(vllm_config), prefix="model"))
 
     def forward(
         self,
@@ -236,7 +197,8 @@ class Qwen3_5ForCausalLM(WithLMHead, HasInnerState, IsHybrid):
         **kwargs: object,
     ) -> torch.Tensor:
         """[T] token ids (or [T, H] embeddings) and [T] positions -> [T, H] final hidden states."""
-        return self.model(input_ids, positions, inputs_embeds)
+        hidden_states = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        return self.model(hidden_states, EngineStep(positions))
 
     # --- the mamba-style cache (IsHybrid) -------------------------------------------------
 

@@ -1,7 +1,7 @@
 """From Hugging Face checkpoint tensors to the vLLM shell's (merged, vLLM-sharded) parameters.
 
-Both GatedDeltaNet layouts (see :mod:`vllm_gdn_neuron.model.checkpoint`) load into the
-same parameters. Each checkpoint tensor becomes zero or more ``(param_name, shard_id, tensor)`` loads;
+Both GatedDeltaNet layouts load into the same parameters, through Qwen3.5's flat names
+(:func:`vllm_gdn_neuron.model.checkpoint.flat_gdn_tensors`). Each checkpoint tensor becomes zero or more ``(param_name, shard_id, tensor)`` loads;
 ``shard_id`` is None for a parameter loaded whole.
 """
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from vllm_gdn_neuron.model.checkpoint import split_flat_qkv, unpack_grouped_ba, unpack_grouped_qkvz
+from vllm_gdn_neuron.model.checkpoint import flat_gdn_tensors, split_flat_qkv
 
 # (checkpoint name part, parameter name part, shard of the merged parameter)
 _STACKED = (
@@ -30,21 +30,18 @@ Load = tuple[str, int | str | None, torch.Tensor]
 
 def plan_loads(name: str, tensor: torch.Tensor, text_config) -> Iterator[Load]:
     """The parameter loads one (already prefix-normalised) checkpoint tensor becomes."""
-    if ".linear_attn.in_proj_qkv." in name:
-        target = name.replace(".in_proj_qkv.", ".in_proj_qkvz.")
-        for shard, part in enumerate(split_flat_qkv(tensor, text_config)):
-            yield target, shard, part
-        return
-    if ".linear_attn.in_proj_qkvz." in name:
-        for shard, part in enumerate(unpack_grouped_qkvz(tensor, text_config)):
-            yield name, shard, part
-        return
-    if ".linear_attn.in_proj_ba." in name:
-        for shard, part in enumerate(unpack_grouped_ba(tensor, text_config)):
-            yield name, shard, part
-        return
+    for flat_name, flat in flat_gdn_tensors(name, tensor, text_config):
+        if ".linear_attn.in_proj_qkv." in flat_name:
+            target = flat_name.replace(".in_proj_qkv.", ".in_proj_qkvz.")
+            for shard, part in enumerate(split_flat_qkv(flat, text_config)):
+                yield target, shard, part
+            continue
+        yield _stacked(flat_name, flat)
+
+
+def _stacked(name: str, tensor: torch.Tensor) -> Load:
+    """The merged parameter (and its shard) a checkpoint tensor loads into, or itself whole."""
     for ckpt_part, param_part, shard in _STACKED:
         if ckpt_part in name:
-            yield name.replace(ckpt_part, param_part), shard, tensor
-            return
-    yield name, None, tensor
+            return name.replace(ckpt_part, param_part), shard, tensor
+    return name, None, tensor
