@@ -1,4 +1,5 @@
-"""``docs/architecture.md`` names every module of the tree, each under its own package.
+"""``docs/architecture.md`` names every module of the tree, each under its own package, and states
+which part imports which.
 
 The map is the fenced block at the top of that page: one header line per package
 (``shells/vllm/``, ``shells/neuron/``, ``model/``, ``ops/``, ``kernels/``) and, below it, the modules of
@@ -7,6 +8,11 @@ that package by file name. A module counts as named when its file name (or its s
 ``*_torch.py`` mirror counts with its kernel; the files of a subfolder count when the folder
 is named (``backends/torch/``, ``reference/``, ``interp/``). The package's top-level modules
 (and those of ``shells/`` itself) may be named anywhere on the page.
+
+The arrows are the fenced block under "Which part imports which": ``part -> part, part`` per
+line, a part being a folder (``ops/``, ``kernels/interp/``) or a top-level module (``plugin.py``);
+a module belongs to the longest part holding it. They must equal the imports between parts,
+read from the source (:mod:`tests.support.source_tree`), both ways.
 """
 
 import pathlib
