@@ -66,7 +66,7 @@ def video_data_url(frames) -> str:
 
 def hf_video_inputs(model_dir: str, frames) -> dict:
     """Pixel patches of one video by the plugin's processor (its PIL steps are checked against the
-    image processor's in ``tests/models/test_vision_processing.py``)."""
+    image processor's in ``tests/vllm_shell/test_vision_processing.py``)."""
     import json
     import pathlib
 
