@@ -40,9 +40,10 @@ class NeuronGatedAttention(GatedAttentionMath):
         tp_group: the tensor-parallel group (``world_size``, ``rank_in_group``, ``all_reduce``).
         dtype: the model dtype (weights and KV cache).
 
-    Parameters (checkpoint names; rows are this rank's heads): ``q_proj.weight
-    [Hq * 2 * D, H]`` (per head: query rows then gate rows), ``k_proj.weight``,
-    ``v_proj.weight [Hkv * D, H]``, ``o_proj.weight [H, Hq * D]``, ``q_norm``, ``k_norm``.
+    Parameters (rows are this rank's heads; the merged projection of
+    :mod:`vllm_gdn_neuron.model.parameters`, as the vLLM shell holds it): ``qkv_proj.weight
+    [Hq * 2 * D + 2 * Hkv * D, H]`` (q part: per head, query rows then gate rows; then k, v
+    parts), ``o_proj.weight [H, Hq * D]``, ``q_norm``, ``k_norm``.
     """
 
     def __init__(self, config, layer_name: str, tp_group, dtype: torch.dtype) -> None:
@@ -54,9 +55,7 @@ class NeuronGatedAttention(GatedAttentionMath):
         self.tp_group = tp_group
         self.dtype = dtype
         d, hidden = self.head_dim, config.hidden_size
-        self.q_proj = nn.Linear(hidden, heads * 2 * d, bias=False, dtype=dtype)
-        self.k_proj = nn.Linear(hidden, kv_heads * d, bias=False, dtype=dtype)
-        self.v_proj = nn.Linear(hidden, kv_heads * d, bias=False, dtype=dtype)
+        self.qkv_proj = nn.Linear(hidden, (heads * 2 + kv_heads * 2) * d, bias=False, dtype=dtype)
         self.o_proj = nn.Linear(heads * d, hidden, bias=False, dtype=dtype)
         self.scaling = d**-0.5
         self.kv_pages: BoundPages | None = None
@@ -93,8 +92,9 @@ class NeuronGatedAttention(GatedAttentionMath):
         """
         metadata = step.layer_metadata(self.layer_name)
         positions, is_decode = step.positions, step.is_decode
-        q, k, v, gate = self.split_and_rotate(step.rope_positions, self.q_proj(hidden), self.k_proj(hidden),
-                                              self.v_proj(hidden))
+        kv_size = self.num_kv_heads * self.head_dim
+        q_gate, k, v = self.qkv_proj(hidden).split([2 * self.num_heads * self.head_dim, kv_size, kv_size], dim=-1)
+        q, k, v, gate = self.split_and_rotate(step.rope_positions, q_gate, k, v)
         live = metadata["slot_mapping"] > 0
         pages = self.kv_pages.view()
         self._write(pages, k, v, metadata["slot_mapping"], live)

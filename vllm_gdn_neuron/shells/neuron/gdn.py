@@ -135,9 +135,10 @@ class NeuronGatedDeltaNet(nn.Module):
         tp_group: the tensor-parallel group.
         dtype: the model dtype.
 
-    Parameters (checkpoint names, this rank's heads): ``in_proj_qkv.weight [C, H]``
-    (q | k | v parts), ``in_proj_z.weight [Hv * Dv, H]``, ``in_proj_b.weight``,
-    ``in_proj_a.weight [Hv, H]``, ``conv1d.weight [C, K]``, ``A_log``, ``dt_bias [Hv]``
+    Parameters (this rank's heads; the merged projections of
+    :mod:`vllm_gdn_neuron.model.parameters`, as the vLLM shell holds them):
+    ``in_proj_qkvz.weight [C + Hv * Dv, H]`` (q | k | v | z parts), ``in_proj_ba.weight
+    [2 * Hv, H]`` (b | a parts), ``conv1d.weight [C, K]``, ``A_log``, ``dt_bias [Hv]``
     float32, ``norm.weight [Dv]``, ``out_proj.weight [H, Hv * Dv]``.
     """
 
@@ -149,10 +150,8 @@ class NeuronGatedDeltaNet(nn.Module):
         self.dims = GDNDims.from_config(config, tp)
         self.layout = GDNPageLayout.from_config(config, tp)
         dims, hidden = self.dims, config.hidden_size
-        self.in_proj_qkv = nn.Linear(hidden, dims.conv_dim, bias=False, dtype=dtype)
-        self.in_proj_z = nn.Linear(hidden, dims.value_dim, bias=False, dtype=dtype)
-        self.in_proj_b = nn.Linear(hidden, dims.num_v_heads, bias=False, dtype=dtype)
-        self.in_proj_a = nn.Linear(hidden, dims.num_v_heads, bias=False, dtype=dtype)
+        self.in_proj_qkvz = nn.Linear(hidden, dims.conv_dim + dims.value_dim, bias=False, dtype=dtype)
+        self.in_proj_ba = nn.Linear(hidden, 2 * dims.num_v_heads, bias=False, dtype=dtype)
         self.conv1d = _ConvWeight(dims.conv_dim, dims.conv_kernel, dtype)
         self.A_log = nn.Parameter(torch.empty(dims.num_v_heads, dtype=torch.float32))
         self.dt_bias = nn.Parameter(torch.empty(dims.num_v_heads, dtype=torch.float32))
@@ -194,6 +193,8 @@ class NeuronGatedDeltaNet(nn.Module):
         positions, is_decode = engine_step.positions, engine_step.is_decode
         width, pending = engine_step.width, engine_step.pending
         tokens = hidden.shape[0]
+        qkv, z = self.in_proj_qkvz(hidden).split([self.dims.conv_dim, self.dims.value_dim], dim=-1)
+        b, a = self.in_proj_ba(hidden).split([self.dims.num_v_heads, self.dims.num_v_heads], dim=-1)
         state_pages = self.state_pages.view()
         page_elems = state_pages.shape[1]
         step = build_gdn_step(metadata, positions, state_pages.shape[0], is_decode, width)
@@ -202,8 +203,7 @@ class NeuronGatedDeltaNet(nn.Module):
             rows = torch.cat([rows.repeat_interleave(width, 0), rows.new_zeros(1, page_elems)])
         conv, ssm = self.layout.split(rows)
         caches = GDNCaches(conv=conv, ssm=ssm)
-        core = gdn_mix(self.dims, self.in_proj_qkv(hidden), self.in_proj_a(hidden), self.in_proj_b(hidden),
-                       self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill,
+        core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias, caches, step.decode, step.prefill,
                        verify=step.verify, phases=self.phases)
         states = self.layout.join(caches.conv, caches.ssm, page_elems)
         if step.verify is not None:
@@ -213,6 +213,5 @@ class NeuronGatedDeltaNet(nn.Module):
             pending.append(PendingStates(self, step.write_pages, states[:-1].view(num_rows, width, page_elems)))
         else:
             state_pages.index_copy_(0, step.write_pages, states)
-        z = self.in_proj_z(hidden).view(tokens, self.dims.num_v_heads, self.dims.head_v_dim)
-        out = self.norm(core, z).reshape(tokens, self.dims.value_dim)
+        out = self.norm(core, z.view(tokens, self.dims.num_v_heads, self.dims.head_v_dim)).reshape(tokens, self.dims.value_dim)
         return self.tp_group.all_reduce(self.out_proj(out))

@@ -11,19 +11,18 @@ from vllm_gdn_neuron.model.routed_experts import routed_expert_mixture
 class NeuronSwiGLU(nn.Module):
     """``down_proj(silu(gate_proj(x)) * up_proj(x))`` on this rank's I / tp slice (partial sums).
 
-    Parameters (checkpoint names): ``gate_proj.weight``, ``up_proj.weight [I / tp, H]``,
-    ``down_proj.weight [H, I / tp]``.
+    Parameters: ``gate_up_proj.weight [2 * I / tp, H]`` (gate | up parts, merged as in
+    :mod:`vllm_gdn_neuron.model.parameters`), ``down_proj.weight [H, I / tp]``.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False, dtype=dtype)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, dtype=dtype)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False, dtype=dtype)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[T, H] -> [T, H]``, this rank's share (the caller all-reduces)."""
-        return self.down_proj(swiglu(torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)))
+        return self.down_proj(swiglu(self.gate_up_proj(x)))
 
 
 class NeuronExperts(nn.Module):

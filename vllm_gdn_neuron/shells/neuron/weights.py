@@ -5,9 +5,10 @@ renamed, MTP head skipped: :mod:`vllm_gdn_neuron.model.checkpoint`; the vision t
 loaded into ``visual.tower.*``, replicated, where the model has one and skipped otherwise),
 except where the layouts differ:
 
-- Qwen3-Next ``in_proj_qkvz`` / ``in_proj_ba`` are un-interleaved into Qwen3.5's
-  ``in_proj_qkv`` + ``in_proj_z`` and ``in_proj_b`` + ``in_proj_a``
-  (:func:`~vllm_gdn_neuron.model.checkpoint.flat_gdn_tensors`);
+- the projections that share an input are merged, as in the vLLM shell
+  (:mod:`vllm_gdn_neuron.model.parameters`: ``in_proj_qkvz``, ``in_proj_ba``, ``qkv_proj``,
+  ``gate_up_proj``); each checkpoint part's rows for this rank are copied into the part's
+  rows of the merged parameter;
 - routed experts, per-expert (``experts.{e}.gate_proj.weight``, ...) or fused 3-D
   (``experts.gate_up_proj``, ``experts.down_proj``), fill the stacked
   ``experts.gate_up_proj [E, 2 * I, H]`` and ``experts.down_proj [E, H, I]``;
@@ -24,7 +25,8 @@ import re
 
 import torch
 
-from vllm_gdn_neuron.model.checkpoint import flat_gdn_tensors, text_tensor_name, vision_tensor_name
+from vllm_gdn_neuron.model.checkpoint import text_tensor_name, vision_tensor_name
+from vllm_gdn_neuron.model.parameters import PartLoad, merged_loads, rank_rows
 from vllm_gdn_neuron.shells.neuron.parallel import shard
 
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
@@ -67,28 +69,42 @@ class _Writer:
         group = model.tp_group
         self.tp, self.rank = group.world_size, group.rank_in_group
         self.written: dict[str, set] = {name: set() for name in self.params}
+        self.merged_parts: dict[str, set] = {}  # merged parameter -> the keys of all its parts
 
     def write(self, source: str, name: str, tensor: torch.Tensor, index=None) -> None:
         if name not in self.params:
             raise ValueError(f"checkpoint tensor {source!r} has no parameter {name!r} in this model "
                              f"(is the config's architecture right?)")
-        part = self._shard(name, tensor)
         param = self.params[name]
-        target = param.data
-        if isinstance(index, tuple):  # (expert, "gate" | "up") of a stacked gate_up_proj
-            expert, half = index
-            rows = param.shape[1] // 2
-            target = target[expert, :rows] if half == "gate" else target[expert, rows:]
-        elif index is not None:
-            target = target[index]
+        if isinstance(index, PartLoad):
+            part, target, key = self._merged_part(source, name, tensor, index)
+        else:
+            part, target = self._shard(name, tensor), param.data
+            key = "whole" if index is None else str(index)
+            if isinstance(index, tuple):  # (expert, "gate" | "up") of a stacked gate_up_proj
+                expert, half = index
+                rows = param.shape[1] // 2
+                target = target[expert, :rows] if half == "gate" else target[expert, rows:]
+            elif index is not None:
+                target = target[index]
         if tuple(part.shape) != tuple(target.shape):
             raise ValueError(f"checkpoint tensor {source!r}: this rank's slice of {name!r} must have shape "
                              f"{tuple(target.shape)}; got {tuple(part.shape)}")
-        key = "whole" if index is None else str(index)
         if key in self.written[name]:
             raise ValueError(f"checkpoint tensor {source!r} writes {name!r} a second time")
         target.copy_(part.to(param.dtype))
         self.written[name].add(key)
+
+    def _merged_part(self, source: str, name: str, tensor: torch.Tensor, load: PartLoad):
+        """This rank's rows of one part of a merged projection, the rows they fill, and the part's key."""
+        merged, index = load.merged, load.part
+        self.merged_parts[name] = {str(p) for p in range(len(merged.shard_ids))}
+        rows = merged.part_sizes(self.config)[index]
+        if tensor.shape[0] != rows:
+            raise ValueError(f"checkpoint tensor {source!r}: part {index} of {name!r} must have {rows} rows; "
+                             f"got shape {tuple(tensor.shape)}")
+        take, into = rank_rows(merged, index, self.config, self.tp, self.rank)
+        return tensor[take], self.params[name].data[into], str(index)
 
     def _shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         if self.tp == 1 or name.startswith("visual."):  # the vision tower is replicated
@@ -96,20 +112,13 @@ class _Writer:
         config, tp, rank = self.config, self.tp, self.rank
         key_dim = config.linear_num_key_heads * config.linear_key_head_dim
         value_dim = config.linear_num_value_heads * config.linear_value_head_dim
-        if name.endswith((".in_proj_qkv.weight", ".conv1d.weight")):
+        if name.endswith(".conv1d.weight"):
             return shard(tensor, 0, rank, tp, (key_dim, key_dim, value_dim))
-        if name.endswith((".in_proj_z.weight", ".in_proj_b.weight", ".in_proj_a.weight", ".A_log", ".dt_bias",
-                          ".q_proj.weight", ".gate_proj.weight", ".up_proj.weight")):
+        if name.endswith((".A_log", ".dt_bias")):
             return shard(tensor, 0, rank, tp)
         if name.endswith((".out_proj.weight", ".o_proj.weight", "mlp.down_proj.weight",
                           "shared_expert.down_proj.weight")):
             return shard(tensor, 1, rank, tp)
-        if name.endswith((".k_proj.weight", ".v_proj.weight")):
-            kv_heads = config.num_key_value_heads
-            if tp <= kv_heads:
-                return shard(tensor, 0, rank, tp)
-            head = rank // (tp // kv_heads)
-            return tensor.narrow(0, head * config.head_dim, config.head_dim)
         if name.endswith(".experts.gate_up_proj"):
             # per expert [2I, H] (gate rows then up rows) or fused [E, 2I, H]
             inter = config.moe_intermediate_size
@@ -129,7 +138,8 @@ class _Writer:
         missing = []
         for name, keys in self.written.items():
             stacked = next((want for suffix, want in complete.items() if name.endswith(suffix)), None)
-            if keys == {"whole"} or (stacked is not None and keys == stacked):
+            merged = self.merged_parts.get(name)
+            if keys == {"whole"} or keys in (stacked, merged):
                 continue
             missing.append(name)
         if missing:
@@ -162,12 +172,16 @@ def load_checkpoint(model, model_path: str, device: torch.device, download_dir: 
 
 
 def _plan(name: str, tensor: torch.Tensor, config):
-    """The ``(parameter, tensor, index into the parameter or None)`` writes of one checkpoint tensor."""
-    return [write for flat_name, flat in flat_gdn_tensors(name, tensor, config) for write in _writes(flat_name, flat)]
+    """The ``(parameter, tensor, index into the parameter or None)`` writes of one checkpoint
+    tensor; a part of a merged projection is indexed by its :class:`PartLoad` (the whole part)."""
+    writes = []
+    for load in merged_loads(name, tensor, config):
+        writes += [(load.param, load.tensor, load)] if load.merged is not None else _writes(load.param, load.tensor)
+    return writes
 
 
 def _writes(name: str, tensor: torch.Tensor):
-    """The writes of one tensor in the flat layout."""
+    """The writes of one tensor loaded whole, or of a routed expert into the stacked experts."""
     if name.endswith(".linear_attn.conv1d.weight"):
         return [(name, tensor.reshape(tensor.shape[0], tensor.shape[-1]), None)]
     match = _EXPERT.match(name)
