@@ -9,6 +9,7 @@ import torch
 
 from .dispatch import select_backend
 from .validation import (
+    F32,
     check_cu_seqlens,
     check_decay,
     check_qkv,
@@ -18,7 +19,6 @@ from .validation import (
     resolve_scale,
 )
 
-F32 = (torch.float32,)
 
 
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, *, initial_state=None, scale=None, use_qk_l2norm=False,

@@ -29,6 +29,7 @@ from .step import DecodeStep, PrefillStep, VerifyStep
 from .validation import (
     ACTIVATION_DTYPES,
     ACTIVATIONS,
+    F32,
     check_choice,
     check_conv_weight,
     check_qkv,
@@ -37,7 +38,6 @@ from .validation import (
     resolve_scale,
 )
 
-F32 = (torch.float32,)
 SSM_CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 

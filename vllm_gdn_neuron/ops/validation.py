@@ -12,6 +12,8 @@ ACTIVATIONS = ("silu", None)
 #: vLLM's padded-slot marker (``vllm.v1.attention.backends.utils.PAD_SLOT_ID``).
 PAD_SLOT_ID = -1
 INDEX_DTYPES = (torch.int32, torch.int64)
+#: The dtype the gates (g, beta) and the recurrent states must have.
+F32 = (torch.float32,)
 
 
 def _dtype_names(dtypes):

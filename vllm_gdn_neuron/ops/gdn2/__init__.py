@@ -4,9 +4,9 @@
 the torch math (``chunked``) or the NKI kernel (``kernels.gdn2``).
 """
 
-import torch
 
 from ..validation import (
+    F32,
     check_choice,
     check_cu_seqlens,
     check_decay,
@@ -17,7 +17,6 @@ from ..validation import (
 )
 from . import chunked
 
-F32 = (torch.float32,)
 STATE_LAYOUTS = ("kv", "vk")
 BACKENDS = ("auto", "torch", "nki")
 
