@@ -4,7 +4,6 @@
 the torch math (``chunked``) or the NKI kernel (``kernels.gdn2``).
 """
 
-
 from ..validation import (
     F32,
     check_choice,
