@@ -86,7 +86,9 @@ def install_after_platform_overrides() -> None:
     from vllm.platforms import current_platform
 
     platform_class = type(current_platform)
-    register_overrides = platform_class.register_triton_kernel_overrides
+    register_overrides = getattr(platform_class, "register_triton_kernel_overrides", None)
+    if register_overrides is None:  # a platform that registers no kernel overrides has no shim to replace
+        return
     if getattr(register_overrides, "installs_cpu_expand_kernel", False):
         return
 
