@@ -4,7 +4,7 @@ Ours:
   ours      backend "torch" (chunked prefill, in-place per-row decode), any dtype / head size
   vllm_cpu  backend "vllm_cpu": vLLM's C++ kernels behind this project's op surface (its argument
             conversions counted in its time); bf16, Dk = Dv in {64, 128} only
-  auto      what the plugin's layers run: the backend ops.layer_backends chose for the phase when a
+  auto      what the plugin's layers run: the backend ops.phases resolved for the phase when a
             GDN layer of the row's shapes was built (by the CPU's kind, or timed once per process),
             named in each call as the layer names it
   per call  backend "auto" of the public op: the same choice, looked up at every call (the
@@ -49,8 +49,8 @@ import torch
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
-from vllm_gdn_neuron.ops.dispatch import ENV_VAR
-from vllm_gdn_neuron.ops.layer_backends import layer_backends
+from vllm_gdn_neuron.envs import GDN_BACKEND
+from vllm_gdn_neuron.ops.phases import resolve_phases
 from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
 
 try:
@@ -116,7 +116,7 @@ def layer_choice(phase, dtype, num_k_heads, num_v_heads):
     runs ``phase`` on: chosen once, when the layer is built, as the served model chooses it."""
     gdn = GdnShape(dtype, num_k_heads, num_v_heads, DIM, DIM, DIM ** -0.5, torch.float32)
     conv = ConvShape(dtype, dtype, dtype, (2 * num_k_heads + num_v_heads) * DIM, CONV_WIDTH, "silu")
-    return layer_backends(gdn, conv, "cpu").backends[phase]
+    return resolve_phases(gdn, conv, "cpu").backends[phase]
 
 
 def gating_inputs(rows, num_v_heads, gen):
@@ -376,8 +376,8 @@ def main():
     parser.add_argument("--rounds", type=int, help="most timed rounds per case (default 10 prefill, 20 decode "
                                                    "and conv; --budget ends them sooner)")
     args = parser.parse_args()
-    if os.environ.get(ENV_VAR, "").strip() not in ("", "auto"):
-        parser.error(f"{ENV_VAR}={os.environ[ENV_VAR]} would decide for auto: unset it to compare the backends")
+    if os.environ.get(GDN_BACKEND, "").strip() not in ("", "auto"):
+        parser.error(f"{GDN_BACKEND}={os.environ[GDN_BACKEND]} would decide for auto: unset it to compare the backends")
     lengths = args.lengths if args.lengths is not None else (256, 512) if args.quick else (512, 2048, 8192)
     batches = args.batches if args.batches is not None else (1, 16) if args.quick else (1, 16, 64)
     dtypes = tuple(getattr(torch, name) for name in args.dtypes)

@@ -5,7 +5,7 @@ Both engines serve the same random-weight Qwen3-Next checkpoint with real per-la
 16/2 x 256, 8-expert MoE with all 8 routed, vocabulary 248,320, bf16, 4 layers):
 
   auto      vLLM with this project's plugin (its Qwen3-Next model and GDN layer), the default:
-            each GDN phase on the backend the layer chose at construction (``ops.layer_backends``)
+            each GDN phase on the backend the layer chose at construction (``ops.phases``)
   torch     the plugin with ``VLLM_GDN_BACKEND=torch``: this project's torch math everywhere
   vllm_cpu  the plugin with ``VLLM_GDN_BACKEND=vllm_cpu``: the public ops on vLLM's C++ GDN kernels
   built-in  vLLM's own Qwen3-Next (``VLLM_GDN_NEURON_DISABLE=1``): vLLM's C++ CPU GDN kernels

@@ -178,9 +178,9 @@ def categorize(node, name, inputs) -> str:
     is_linear = "torch/nn/modules/linear.py" in stack or ".weight" in stack
     if weight_matmul or (name in step_model.MATMUL_OPS and is_linear):
         return "matmuls"
-    if "/ops/" in stack or "gated_deltanet.py" in stack or "neuron/gdn.py" in stack:
+    if "/ops/" in stack or "gated_deltanet.py" in stack or "shells/neuron/gdn.py" in stack:
         return "gdn"
-    if "neuron/attention.py" in stack or "layers/attention.py" in stack:
+    if "shells/neuron/attention.py" in stack or "model/attention.py" in stack:
         return "attention"
     return "other"
 

@@ -3,7 +3,7 @@
 - weights: transformers' own models (parameters counted on the meta device) for the real
   dimensions, and the bytes of the tiny checkpoints' safetensors for the tiny ones;
 - published measurements on trn2 (HBM used per core after weight load);
-- the per-slot state shapes of ``layers/gdn_cache.py`` and figures worked out by hand.
+- the per-slot state shapes of ``model/gdn_cache.py`` and figures worked out by hand.
 """
 
 import dataclasses
@@ -120,7 +120,7 @@ def test_state_pages_match_the_layer_cache_shapes(name, tp):
 
 @pytest.mark.parametrize("name", sorted(sizing.PUBLISHED))
 def test_page_geometry_equals_the_neuron_shells(name):
-    """The shell's own page layout (neuron/cache.py): sizing's state page and KV bytes per token agree with it."""
+    """The shell's own page layout (shells/neuron/cache.py): sizing's state page and KV bytes per token agree with it."""
     import transformers
 
     from vllm_gdn_neuron.shells.neuron.cache import GDNPageLayout, attention_bytes_per_token, hybrid_block_size
@@ -266,7 +266,7 @@ def test_small_real_device_config_holds_its_sequences():
 
 @pytest.mark.parametrize("path", TRN2_CONFIGS, ids=lambda p: p.name)
 def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
-    """What the Neuron shell refuses at start-up (neuron/checks.py) is not in a shipped config."""
+    """What the Neuron shell refuses at start-up (shells/neuron/checks.py) is not in a shipped config."""
     import types
 
     import transformers

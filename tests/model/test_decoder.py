@@ -1,4 +1,5 @@
-"""The shared decoder: one layer and text model from a shell's parts, the same forward for every shell."""
+"""The shared decoder: one layer and text model from a shell's parts, the same forward for every shell,
+and the causal-LM head over it."""
 
 import types
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.decoder import DecoderLayer, DecoderParts, TextModel
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 
@@ -45,6 +47,22 @@ class _Parts(DecoderParts):
 
     def sparse_moe(self, config, prefix):
         return nn.Tanh()
+
+    def lm_head(self, config, tied_embedding):
+        head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if tied_embedding is not None:
+            head.weight = tied_embedding.weight
+        return head
+
+    def logits_processor(self, config):
+        return _Logits()
+
+
+class _Logits(nn.Module):
+    """The head's matmul, then a constant shift (so the test sees the processor ran)."""
+
+    def forward(self, lm_head, hidden):
+        return lm_head(hidden) + 0.5
 
 
 def _config(**changes):
@@ -89,3 +107,28 @@ def test_the_forward_is_pre_norm_mixer_then_feed_forward_and_reduce_with_the_res
 def test_an_unknown_layer_type_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"layer_types\[1\] must be one of .*got 'sliding_attention'"):
         TextModel(_config(layer_types=["linear_attention", "sliding_attention"]), _Parts())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_causal_lm_gives_the_logits_of_the_head_over_the_decoders_hidden_states(tied):
+    config = _config()
+    parts = _Parts()
+    model = CausalLM(config, parts, TextModel(config, parts), tie_word_embeddings=tied)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) is tied
+    torch.manual_seed(0)
+    ids = torch.tensor([3, 0, 10])
+    embeds = model.embed_input_ids(ids)
+    torch.testing.assert_close(embeds, model.model.embed_tokens.weight[ids])
+    hidden = model.model(embeds, object())
+    torch.testing.assert_close(model.compute_logits(hidden), hidden @ model.lm_head.weight.T + 0.5)
+
+
+@pytest.mark.parametrize(("top", "text", "want"), [
+    (None, None, False), (True, None, True), (False, None, False), (None, True, True), (False, True, True),
+])
+def test_a_tied_head_is_read_from_the_config_or_its_text_config(top, text, want):
+    text_config = types.SimpleNamespace() if text is None else types.SimpleNamespace(tie_word_embeddings=text)
+    config = types.SimpleNamespace(text_config=text_config)
+    if top is not None:
+        config.tie_word_embeddings = top
+    assert ties_word_embeddings(config) is want

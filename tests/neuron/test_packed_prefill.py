@@ -5,7 +5,7 @@ that release line, ``max_prefills_per_batch = 1``) sends one prompt, or one chun
 prefill step, and passes no ``query_start_loc``. A packed step is what its input preparation
 makes of several requests in a batch: their tokens end to end in batch-row order, padding after
 the last, one block-table row each (``runner.py``). Checked here: the rows the shell reads from
-those fields (``neuron/packing.py``), the host checks that refuse other layouts, the stand-in's
+those fields (``shells/neuron/packing.py``), the host checks that refuse other layouts, the stand-in's
 refusals, a packed prefill equal to one prompt per step (ids exact; logits to summation order:
 a packed step sums over more masked-out columns and batches the GDN chunks differently) and to
 transformers, and bursts of prompts with decode served with one static graph per bucket.

@@ -29,7 +29,7 @@ import torch
 
 from vllm_gdn_neuron.model.rotary import PartialRotaryEmbedding
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
-from vllm_gdn_neuron.shells.neuron.mrope import mrope_input_positions
+from vllm_gdn_neuron.model.vision import prompt_mrope_positions
 from vllm_gdn_neuron.shells.neuron.vision import check_vision_inputs
 from vllm_gdn_neuron.shells.neuron.vision_tower import NeuronVisionTower, VisionLayout, encode_images, pack_images
 
@@ -158,10 +158,10 @@ def test_rotation_by_distinct_mrope_axes_equals_transformers(section, partial):
 
 @pytest.mark.parametrize("pieces", [[7], [(1, 4, 6), 5], [3, (1, 4, 6), 2, (1, 6, 4), 4, (1, 2, 2)],
                                     [2, (1, 8, 2), (1, 2, 8)]])
-def test_mrope_input_positions_equal_transformers_rope_index(hf, pieces):
+def test_prompt_mrope_positions_equal_transformers_rope_index(hf, pieces):
     ids, images = image_prompt(pieces)
     features = [ImageFeature(f"i{n}", offset, grid, grid[1] * grid[2] // 4) for n, (offset, grid) in enumerate(images)]
-    got, got_delta = mrope_input_positions(ids, list(reversed(features)), 2)
+    got, got_delta = prompt_mrope_positions(ids, list(reversed(features)), {"image": IMAGE}, 2)
     want, want_delta = hf_rope_index(hf, ids, features)
     assert got.dtype == torch.int64 and torch.equal(got, want) and got_delta == want_delta
 
@@ -171,9 +171,9 @@ def test_mrope_input_positions_equal_transformers_rope_index(hf, pieces):
     (ImageFeature("odd", 1, (1, 3, 4), 3), r"image_grid_thw must be \[1, h, w\] .*got \[1, 3, 4\]"),
     (ImageFeature("long", 4, (1, 4, 4), 4), "runs past the prompt of 6 tokens"),
 ])
-def test_mrope_input_positions_refuse_what_they_cannot_place(feature, message):
+def test_prompt_mrope_positions_refuse_what_they_cannot_place(feature, message):
     with pytest.raises(ValueError, match=message):
-        mrope_input_positions([1] * 6, [feature], 2)
+        prompt_mrope_positions([1] * 6, [feature], {"image": IMAGE}, 2)
 
 
 # --- the runner's vision inputs ----------------------------------------------------------------

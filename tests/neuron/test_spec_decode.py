@@ -2,7 +2,7 @@
 
 The runner's verify steps (``runner.py``: ``NeuronRunnerStandIn.verify``, its warm-up of one
 verify graph per decode bucket, ``spec_decode_metadata``) over the shell's forward
-(``neuron/spec_decode.py``): each decode step carries every request's pending token and N
+(``shells/neuron/spec_decode.py``): each decode step carries every request's pending token and N
 drafts; the shell judges them in the graph, returns ``[rows, 1 + N]`` ids with ``-1`` past
 the accepted ones and keeps each GatedDeltaNet state at the last accepted token. The drafts
 come from the reference MTP head (``scripts/mtp_reference.py``, transformers' modules) on the

@@ -1,5 +1,5 @@
 """Under the runner's compile call (no ``dynamic=``) a new bucket size is a static graph of its own
-once the shell has bound its caches (``neuron/static_graphs.py``), and a symbolic one otherwise."""
+once the shell has bound its caches (``shells/neuron/static_graphs.py``), and a symbolic one otherwise."""
 
 import types
 

@@ -8,15 +8,15 @@ config marks sparse), each behind a zero-centred RMSNorm with the residual added
 ```
 x = embed(ids)
 for layer:  h, r = norm_in(x, r); h = mixer(h, step); h, r = norm_post(h, r); x = reduce(ffn(h))
-hidden = norm(x, r)                   # -> the shell's LM head
+hidden = norm(x, r)                   # -> the LM head (model/causal_lm.py)
 ```
 
 What differs between engines is injected by a shell's :class:`DecoderParts`: the embedding,
 the norms' dtype, the two mixers over the engine's cache, the feed-forward blocks with their
-sharding, and the collective after the feed-forward (vLLM's row-parallel linears reduce
-inside; the Neuron shell all-reduces here). The per-step inputs the mixers read (positions,
-the engine's metadata, ...) travel as one shell-defined ``step`` object, so the layer's
-forward is one function for every engine.
+sharding, the collective after the feed-forward (vLLM's row-parallel linears reduce inside;
+the Neuron shell all-reduces here), and the LM head with its logits. The per-step inputs the
+mixers read (positions, the engine's metadata, ...) travel as one shell-defined ``step``
+object, so the layer's forward is one function for every engine.
 """
 
 from collections.abc import Callable
@@ -62,6 +62,16 @@ class DecoderParts:
 
     def replicated_linear(self, in_features: int, out_features: int, prefix: str) -> nn.Module:
         """A bias-free linear layer whose ``[T, out]`` output is whole on every rank (the MTP head's ``fc``)."""
+        raise NotImplementedError
+
+    def lm_head(self, config, tied_embedding: nn.Module | None) -> nn.Module:
+        """The LM head (``lm_head.weight`` in the checkpoint), sharing ``tied_embedding``'s weight
+        where the shell can (or loading a copy of it), or its own weight when that is None."""
+        raise NotImplementedError
+
+    def logits_processor(self, config) -> nn.Module:
+        """The module whose ``forward(lm_head, hidden [R, H])`` returns the ``[R, V]`` logits over the
+        whole vocabulary."""
         raise NotImplementedError
 
 

@@ -376,6 +376,57 @@ def mrope_positions(num_tokens: int, frame_groups: list[tuple[int, int, int]]) -
     return positions, int(positions.max()) + 1 - num_tokens if num_tokens else 0
 
 
+def prompt_mrope_positions(input_tokens: list[int], mm_features, vision_token_ids: dict[str, int],
+                           spatial_merge_size: int) -> tuple[torch.Tensor, int]:
+    """``([3, L] int64 positions, delta)`` of a prompt of ``L`` tokens and its multimodal items
+    (:func:`mrope_positions` of their frame groups): what both engines' ``get_mrope_input_positions`` return.
+
+    Each run of an item's vision token inside its placeholder is one frame group: an image, or
+    one temporal patch of a video (between its timestamp and markers).
+
+    Args:
+        input_tokens: the prompt's token ids.
+        mm_features: vLLM ``MultiModalFeatureSpec``-like items, in any order: ``modality``,
+            ``mm_position.offset`` / ``.length`` (the placeholder) and
+            ``data[f"{modality}_grid_thw"].data`` (``[t, h, w]`` patches).
+        vision_token_ids: the token id of each modality the engine serves (``{"image": id}``).
+        spatial_merge_size: the vision config's ``spatial_merge_size`` (m).
+
+    Returns:
+        The positions and ``delta`` (see :func:`mrope_positions`).
+
+    Raises:
+        ValueError: naming the item, for a modality not in ``vision_token_ids``, a grid whose
+            h or w m does not divide (or an image grid with t != 1), a placeholder past the
+            prompt, or one that does not hold t runs of ``h * w / m^2`` vision tokens.
+    """
+    groups = []
+    for feature in mm_features:
+        modality = feature.modality
+        if modality not in vision_token_ids:
+            served = " and ".join(f"{name}s" for name in vision_token_ids) or "no vision items"
+            raise ValueError(f"M-RoPE positions are implemented for {served} only; got a {modality!r} item "
+                             f"(set limit-mm-per-prompt {modality} to 0)")
+        key = f"{modality}_grid_thw"
+        frames, height, width = (int(v) for v in feature.data[key].data.tolist())
+        image = modality == "image"
+        if (image and frames != 1) or height % spatial_merge_size or width % spatial_merge_size:
+            raise ValueError(f"{key} must be [{'1' if image else 't'}, h, w] with h and w multiples of "
+                             f"spatial_merge_size={spatial_merge_size}; got {[frames, height, width]}")
+        start, length = feature.mm_position.offset, feature.mm_position.length
+        if start + length > len(input_tokens):
+            raise ValueError(f"{modality} placeholder at {start} ({length} tokens) runs past the prompt of "
+                             f"{len(input_tokens)} tokens")
+        tokens_per_frame = height * width // spatial_merge_size**2
+        runs = token_runs(input_tokens[start:start + length], vision_token_ids[modality])
+        if len(runs) != frames or any(count != tokens_per_frame for _, count in runs):
+            raise ValueError(f"{modality} placeholder at {start} must hold {frames} runs of {tokens_per_frame} "
+                             f"tokens; got run lengths {[count for _, count in runs]}")
+        groups += [(start + offset, height // spatial_merge_size, width // spatial_merge_size)
+                   for offset, _ in runs]
+    return mrope_positions(len(input_tokens), groups)
+
+
 def token_runs(tokens: list[int], token: int) -> list[tuple[int, int]]:
     """``(start, length)`` of each maximal run of ``token`` in ``tokens``."""
     runs: list[tuple[int, int]] = []

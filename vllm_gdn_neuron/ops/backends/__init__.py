@@ -1,7 +1,8 @@
 """Backends of the GDN ops, and the contract every backend module implements.
 
 A backend is a module ``vllm_gdn_neuron.ops.backends.<name>``, imported lazily by
-``vllm_gdn_neuron.ops.dispatch``: ``torch`` (everything, any device), ``nki`` (NKI kernels; on
+``vllm_gdn_neuron.ops.phases`` (a layer's paged ops) and ``vllm_gdn_neuron.ops.dispatch`` (the
+public ops): ``torch`` (everything, any device), ``nki`` (NKI kernels; on
 trn2, or the CPU interpreter), ``vllm_cpu`` (vLLM's C++ CPU GDN and conv
 kernels; ``auto`` takes it where ``vllm_gdn_neuron.ops.auto`` chose it). It exposes some or all of the functions below (an op a backend lacks is refused when
 that backend is named in the call, and runs on ``torch`` under ``backend="auto"``, including a

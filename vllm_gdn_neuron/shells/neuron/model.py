@@ -30,9 +30,11 @@ and ``ops.paged_gdn_*`` on the gathered state rows.
 import torch
 from torch import nn
 
+from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
 from vllm_gdn_neuron.model.dtypes import config_dtype
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.model.vision import prompt_mrope_positions
 from vllm_gdn_neuron.shells.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
 from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, bind_allocations
@@ -41,7 +43,6 @@ from vllm_gdn_neuron.shells.neuron.checks import (check_engine_config, check_neu
 from vllm_gdn_neuron.shells.neuron.gdn import NeuronGatedDeltaNet
 from vllm_gdn_neuron.shells.neuron.kv_spec import KVSpec
 from vllm_gdn_neuron.shells.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
-from vllm_gdn_neuron.shells.neuron.mrope import mrope_input_positions
 from vllm_gdn_neuron.shells.neuron.parallel import current_tp_group
 from vllm_gdn_neuron.shells.neuron.sampling import OnDeviceSampler
 from vllm_gdn_neuron.shells.neuron.spec_decode import commit_states, judge_drafts, verify_width
@@ -100,14 +101,31 @@ def engine_limits(vllm_config) -> dict:
     return limits
 
 
+class GatheredLogits(nn.Module):
+    """The logits of a vocabulary-sharded LM head, every rank's shard gathered (``vocab_shards`` > 1)."""
+
+    def __init__(self, tp_group, vocab_shards: int) -> None:
+        super().__init__()
+        self.tp_group = tp_group
+        self.vocab_shards = vocab_shards
+
+    def forward(self, lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """``[R, H]`` hidden rows -> ``[R, V]`` logits."""
+        logits = lm_head(hidden)
+        return self.tp_group.all_gather(logits, dim=-1) if self.vocab_shards > 1 else logits
+
+
 class NeuronDecoderParts(DecoderParts):
     """The Neuron pieces of the shared decoder: plain per-rank linears in the model dtype,
-    attention and GatedDeltaNet over page-major pages, the all-reduce after the feed-forward."""
+    attention and GatedDeltaNet over page-major pages, the all-reduce after the feed-forward,
+    and an LM head split by vocabulary over the ranks where they divide it (else replicated)."""
 
-    def __init__(self, tp_group, dtype: torch.dtype) -> None:
+    def __init__(self, tp_group, dtype: torch.dtype, vocab_size: int) -> None:
         self.tp_group = tp_group
         self.dtype = dtype
         self.feed_forward_reduce = tp_group.all_reduce
+        tp = tp_group.world_size
+        self.vocab_shards = tp if vocab_size % tp == 0 else 1
 
     def embedding(self, config) -> nn.Module:
         """Replicated on every rank."""
@@ -128,8 +146,15 @@ class NeuronDecoderParts(DecoderParts):
     def sparse_moe(self, config, prefix: str) -> nn.Module:
         return NeuronSparseMoE(config, self.tp_group.world_size, self.dtype)
 
+    def lm_head(self, config, tied_embedding: nn.Module | None) -> nn.Module:
+        """This rank's vocabulary rows; a tied head gets a copy of the (replicated) embedding at load."""
+        return nn.Linear(config.hidden_size, config.vocab_size // self.vocab_shards, bias=False, dtype=self.dtype)
 
-class Qwen3_5NeuronForCausalLM(nn.Module):
+    def logits_processor(self, config) -> nn.Module:
+        return GatheredLogits(self.tp_group, self.vocab_shards)
+
+
+class Qwen3_5NeuronForCausalLM(CausalLM):
     """The Qwen3.5 hybrid decoder driven by vllm-neuron's runner.
 
     One class serves every layout (dense or MoE layers come from the config; the loader
@@ -148,11 +173,9 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
     has_inner_state = True
 
     def __init__(self, hf_config, neuron_config=None, tp_group=None) -> None:
-        super().__init__()
         config = text_config_of(hf_config)
-        self.tp_group = tp_group if tp_group is not None else current_tp_group()
-        tp = self.tp_group.world_size
-        check_text_config(config, tp)
+        tp_group = tp_group if tp_group is not None else current_tp_group()
+        check_text_config(config, tp_group.world_size)
         vllm_config = current_vllm_config()
         limits = engine_limits(vllm_config)
         check_engine_config(vllm_config)
@@ -160,16 +183,16 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         check_speculative_config(getattr(vllm_config, "speculative_config", None), neuron_config, config,
                                  async_scheduling=limits["async_scheduling"], max_num_seqs=limits["max_num_seqs"],
                                  max_num_batched_tokens=limits["max_num_batched_tokens"])
-        self.config = config
+        dtype = limits["dtype"] or config_dtype(config)
+        parts = NeuronDecoderParts(tp_group, dtype, config.vocab_size)
+        super().__init__(config, parts, TextModel(config, parts, prefix="model"), ties_word_embeddings(hf_config))
+        self.tp_group = tp_group
+        self.dtype = dtype
+        self.vocab_shards = parts.vocab_shards
         self.spatial_merge_size = getattr(getattr(hf_config, "vision_config", None), "spatial_merge_size", 1)
+        image_token_id = getattr(hf_config, "image_token_id", None)
+        self.vision_token_ids = {} if image_token_id is None else {"image": image_token_id}
         self.uses_mrope = "mrope_section" in (config.rope_parameters or {})
-        self.dtype = limits["dtype"] or config_dtype(config)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False)
-                                        or getattr(config, "tie_word_embeddings", False))
-        self.vocab_shards = tp if config.vocab_size % tp == 0 else 1
-        self.model = TextModel(config, NeuronDecoderParts(self.tp_group, self.dtype), prefix="model")
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size // self.vocab_shards, bias=False,
-                                 dtype=self.dtype)
         sampling_config = getattr(neuron_config, "on_device_sampling_config", None)
         self.sampler = None if sampling_config is None else OnDeviceSampler(sampling_config, limits["seed"] or 0)
         # With on-device sampling the runner reads logits back only for logprobs (max_logprobs != 0)
@@ -254,8 +277,14 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         return STATE_DTYPE, STATE_DTYPE
 
     def get_mrope_input_positions(self, input_tokens, mm_features) -> tuple[torch.Tensor, int]:
-        """vllm-neuron's ``SupportsMRoPE``: ``([3, L] int64 positions, delta)`` of a prompt (:mod:`.mrope`)."""
-        return mrope_input_positions(input_tokens, mm_features, self.spatial_merge_size)
+        """vllm-neuron's ``SupportsMRoPE``: ``([3, L] int64 positions, delta)`` of a prompt with images
+        (:func:`~vllm_gdn_neuron.model.vision.prompt_mrope_positions`; videos are refused).
+
+        The runner calls it once per request of a model config that uses M-RoPE, when the request
+        is first scheduled, keeps the positions for the prompt's prefill chunks and gives each later
+        token ``delta + cache position`` on all three axes.
+        """
+        return prompt_mrope_positions(input_tokens, mm_features, self.vision_token_ids, self.spatial_merge_size)
 
     # --- forward (runner step 5) ----------------------------------------------------------
 
@@ -369,17 +398,6 @@ class Qwen3_5NeuronForCausalLM(nn.Module):
         # A verify step's GDN states go to ``pending``, written once the drafts are judged.
         return NeuronStep(positions, rope_positions, attn_metadata, is_decode, width,
                           pending=[] if width > 1 else None)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``[T, H]`` token embeddings of ``[T]`` ids (vLLM's name for it)."""
-        return self.model.embed_tokens(input_ids)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``[R, V]`` logits of ``[R, H]`` final hidden states, every vocabulary shard gathered (vLLM's name)."""
-        logits = self.lm_head(hidden_states)
-        if self.vocab_shards > 1:
-            logits = self.tp_group.all_gather(logits, dim=-1)
-        return logits
 
     def _input_embeddings(self, input_ids, inputs_embeds, is_token_ids) -> torch.Tensor:
         """``[T, H]``: the embedding of each id, or the prompt embedding where ``is_token_ids`` is False."""

@@ -1,9 +1,10 @@
 """Qwen3.5 (dense and MoE) and Qwen3-Next hybrid decoders for vLLM.
 
-The decoder is :mod:`vllm_gdn_neuron.model.decoder`'s, built from vLLM's parts
-(:class:`VllmDecoderParts`); this module adds what vLLM asks of a model: the LM head and
-logits processor, the mamba-style cache's shapes, dtypes and copy functions (``IsHybrid``),
-weight loading, and the multimodal interfaces.
+The decoder and its LM head are :mod:`vllm_gdn_neuron.model.decoder`'s and
+:mod:`~vllm_gdn_neuron.model.causal_lm`'s, built from vLLM's parts (:class:`VllmDecoderParts`:
+parallel linears, ``ParallelLMHead`` tied by sharing the embedding's parameter,
+``LogitsProcessor``); this module adds what vLLM asks of a model: the mamba-style cache's
+shapes, dtypes and copy functions (``IsHybrid``), weight loading, and the multimodal interfaces.
 
 The text model classes differ only in how the checkpoint is laid out (see ``weights.py``).
 The vision-language classes wrap the text model (``language_model``) and add the vision
@@ -29,11 +30,12 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import MultiModalFeatureSpec
 from vllm.sequence import IntermediateTensors
 
+from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
 from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
-from vllm_gdn_neuron.model.vision import VisionTower, mrope_positions, token_runs, vision_grid_inputs
+from vllm_gdn_neuron.model.vision import VisionTower, prompt_mrope_positions, vision_grid_inputs
 from vllm_gdn_neuron.shells.vllm.attention import GatedAttention
 from vllm_gdn_neuron.shells.vllm.gated_deltanet import GatedDeltaNet
 from vllm_gdn_neuron.shells.vllm.mlp import SparseMoE, SwiGLUMLP
@@ -77,6 +79,13 @@ class VllmDecoderParts(DecoderParts):
     def replicated_linear(self, in_features: int, out_features: int, prefix: str) -> nn.Module:
         return GatheredLinear(in_features, out_features, bias=False, gather_output=True, prefix=prefix)
 
+    def lm_head(self, config, tied_embedding: nn.Module | None) -> nn.Module:
+        head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix="lm_head")
+        return head if tied_embedding is None else head.tie_weights(tied_embedding)
+
+    def logits_processor(self, config) -> nn.Module:
+        return LogitsProcessor(config.vocab_size)
+
 
 class GatheredLinear(ColumnParallelLinear):
     """A column-parallel linear layer whose forward returns the gathered output alone."""
@@ -103,8 +112,8 @@ def _copy_whole_state(
 
 class CheckpointLoader:
     """Loads Hugging Face checkpoint tensors (either GDN layout, sharded or not) into a module's
-    vLLM parameters; the module names which tensors it takes (:meth:`checkpoint_tensor_name`)
-    and sets ``config`` (the text config) and ``tie_word_embeddings``."""
+    vLLM parameters; the module (a :class:`CausalLM`: ``config``, ``tie_word_embeddings``) names
+    which tensors it takes (:meth:`checkpoint_tensor_name`)."""
 
     def checkpoint_tensor_name(self, checkpoint_name: str) -> str | None:
         """This module's name of a checkpoint tensor, or None for one it does not take."""
@@ -156,28 +165,7 @@ class CheckpointLoader:
         return {f"{module_name}.{param}" for param in experts.load_weights([(relative, tensor)])}
 
 
-class WithLMHead(CheckpointLoader, nn.Module):
-    """A ``model`` (with ``embed_tokens``) under the LM head, tied to the embedding when the
-    checkpoint's config says so: the target models and the MTP drafters alike."""
-
-    def __init__(self, vllm_config: VllmConfig, model: nn.Module) -> None:
-        super().__init__()
-        self.config = vllm_config.model_config.hf_text_config
-        self.model = model
-        self.tie_word_embeddings = bool(getattr(vllm_config.model_config.hf_config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, prefix="lm_head")
-        if self.tie_word_embeddings:
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor(self.config.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-
-class Qwen3_5ForCausalLM(WithLMHead, HasInnerState, IsHybrid):
+class Qwen3_5ForCausalLM(CheckpointLoader, CausalLM, HasInnerState, IsHybrid):
     """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
 
     The same class serves the MoE variant (sparse layers come from the config) and,
@@ -185,8 +173,10 @@ class Qwen3_5ForCausalLM(WithLMHead, HasInnerState, IsHybrid):
     """
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        config = vllm_config.model_config.hf_text_config
-        super().__init__(vllm_config, TextModel(config, VllmDecoderParts(vllm_config), prefix="model"))
+        model_config = vllm_config.model_config
+        config, parts = model_config.hf_text_config, VllmDecoderParts(vllm_config)
+        super().__init__(config, parts, TextModel(config, parts, prefix="model"),
+                         ties_word_embeddings(model_config.hf_config))
 
     def forward(
         self,
@@ -274,24 +264,10 @@ class Qwen3_5ForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsMRo
     def get_mrope_input_positions(
         self, input_tokens: list[int], mm_features: list[MultiModalFeatureSpec]
     ) -> tuple[torch.Tensor, int]:
-        """``[3, T]`` M-RoPE positions of a prompt and the decode delta (see :func:`mrope_positions`).
-
-        Each run of image / video tokens inside a feature's placeholder is one frame group (an
-        image, or one temporal patch of a video, between its timestamp and markers).
-        """
-        merge = self.config.vision_config.spatial_merge_size
-        groups = []
-        for feature in mm_features:
-            key, token = (("image_grid_thw", self.config.image_token_id) if feature.modality == "image"
-                          else ("video_grid_thw", self.config.video_token_id))
-            frames, height, width = (int(v) for v in feature.data[key].data.tolist())
-            start, length = feature.mm_position.offset, feature.mm_position.length
-            runs = token_runs(input_tokens[start:start + length], token)
-            if len(runs) != frames or any(count != height * width // merge**2 for _, count in runs):
-                raise ValueError(f"{feature.modality} placeholder at {start} must hold {frames} runs of "
-                                 f"{height * width // merge**2} tokens; got run lengths {[c for _, c in runs]}")
-            groups += [(start + offset, height // merge, width // merge) for offset, _ in runs]
-        return mrope_positions(len(input_tokens), groups)
+        """``[3, T]`` M-RoPE positions of a prompt and the decode delta (see :func:`prompt_mrope_positions`)."""
+        vision_token_ids = {"image": self.config.image_token_id, "video": self.config.video_token_id}
+        return prompt_mrope_positions(input_tokens, mm_features, vision_token_ids,
+                                      self.config.vision_config.spatial_merge_size)
 
     def forward(
         self,

@@ -17,18 +17,21 @@ import torch
 from vllm.config import VllmConfig
 from vllm.sequence import IntermediateTensors
 
+from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.checkpoint import mtp_tensor_name
 from vllm_gdn_neuron.model.mtp import MultiTokenPredictor
-from vllm_gdn_neuron.shells.vllm.qwen3_5 import VllmDecoderParts, WithLMHead
+from vllm_gdn_neuron.shells.vllm.qwen3_5 import CheckpointLoader, VllmDecoderParts
 from vllm_gdn_neuron.shells.vllm.step import EngineStep
 
 
-class Qwen3_5MTP(WithLMHead):
-    """The MTP drafter of a Qwen3.5 target (any of its checkpoint layouts)."""
+class Qwen3_5MTP(CheckpointLoader, CausalLM):
+    """The MTP drafter of a Qwen3.5 target (any of its checkpoint layouts) under the LM head."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        config = vllm_config.model_config.hf_text_config
-        super().__init__(vllm_config, MultiTokenPredictor(config, VllmDecoderParts(vllm_config), prefix="mtp"))
+        model_config = vllm_config.model_config
+        config, parts = model_config.hf_text_config, VllmDecoderParts(vllm_config)
+        super().__init__(config, parts, MultiTokenPredictor(config, parts, prefix="mtp"),
+                         ties_word_embeddings(model_config.hf_config))
 
     def forward(
         self,
