@@ -11,7 +11,8 @@ from vllm_gdn_neuron.shells.vllm.weights import plan_loads
 
 def _config(hk, hv, dk, dv):
     return types.SimpleNamespace(
-        linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=dk, linear_value_head_dim=dv
+        linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=dk, linear_value_head_dim=dv,
+        linear_conv_kernel_dim=4,
     )
 
 
@@ -105,8 +106,7 @@ def test_gated_deltanet_loaders_write_each_rank_its_described_share(tensor_paral
     from vllm_gdn_neuron.model.parameters import rank_share
     from vllm_gdn_neuron.shells.vllm.gated_deltanet import GatedDeltaNet
 
-    config = types.SimpleNamespace(**vars(_config(hk, hv, dk, dv)), linear_conv_kernel_dim=4, hidden_size=6,
-                                   rms_norm_eps=1e-6)
+    config = types.SimpleNamespace(**vars(_config(hk, hv, dk, dv)), hidden_size=6, rms_norm_eps=1e-6)
     engine = types.SimpleNamespace(
         model_config=types.SimpleNamespace(dtype=torch.float32), device_config=types.SimpleNamespace(device_type="cpu"),
         cache_config=types.SimpleNamespace(mamba_cache_dtype="auto", mamba_ssm_cache_dtype="float32"))
