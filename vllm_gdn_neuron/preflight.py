@@ -18,8 +18,7 @@ import json
 import pathlib
 import types
 
-from vllm_gdn_neuron.model.dims import (ModelDims, check_layer_types, config_layer_types, count_vision_weights,
-                                         count_weights)
+from vllm_gdn_neuron.model.dims import ModelDims, config_layer_types, count_vision_weights, count_weights
 from vllm_gdn_neuron.plugin import ARCHITECTURES
 from vllm_gdn_neuron.units import DTYPE_BYTES
 
@@ -61,8 +60,8 @@ def load_checkpoint(model: str) -> Checkpoint:
 
     Raises:
         CheckpointError: no such folder / repo, no ``config.json`` or weights in the
-            folder, an architecture the plugin does not register, or a config the
-            GatedDeltaNet layer refuses (see :func:`check_servable`).
+            folder, an architecture the plugin does not register, or a config the plugin
+            refuses at start-up (see :func:`check_servable`).
     """
     path = pathlib.Path(model).expanduser()
     if path.is_dir():
@@ -85,7 +84,8 @@ def load_checkpoint(model: str) -> Checkpoint:
             f"(it serves {', '.join(ARCHITECTURES)})"
         )
     fields = config.get("text_config") or config
-    text = types.SimpleNamespace(**{**_TEXT_DEFAULTS, **fields})
+    rope_parameters = fields.get("rope_parameters") or fields.get("rope_scaling")  # its older name
+    text = types.SimpleNamespace(**{**_TEXT_DEFAULTS, **fields, "rope_parameters": rope_parameters})
     dtype = str(fields.get("dtype") or fields.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype") or "bfloat16")
     checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name,
                             vision=config.get("vision_config") if "text_config" in config else None)
@@ -111,19 +111,23 @@ _VISION_DEFAULTS = dict(
 
 
 def check_servable(checkpoint: Checkpoint, quantization_config: dict | None) -> None:
-    """The plugin's own start-up refusals, run on the config before vLLM starts.
+    """The plugin's own start-up refusals, run on the config before vLLM starts: the model
+    definition's (:func:`vllm_gdn_neuron.model.checks.check_text_config`, at one rank), the
+    GatedDeltaNet cache's on vLLM's defaults (:func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`:
+    quantization), and the weights' dtype.
 
     Raises:
         ValueError: as the plugin would at start-up (the message names the setting).
     """
+    from vllm_gdn_neuron.model.checks import check_text_config
     from vllm_gdn_neuron.model.gdn_cache import check_gdn_config
 
     quantization = (quantization_config or {}).get("quant_method", "unknown") if quantization_config else None
+    check_text_config(checkpoint.text, tp_size=1)
     check_gdn_config(checkpoint.text, tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto",
                      quantization=quantization)
     if checkpoint.dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(WEIGHT_DTYPES)}; got {checkpoint.dtype!r}")
-    check_layer_types(checkpoint.text)
 
 
 def _read_config(config_path: pathlib.Path, model: str) -> dict:

@@ -139,6 +139,11 @@ def test_a_folder_without_weights_is_refused(capsys, tmp_path, dense):
         ({"linear_num_value_heads": 3}, "linear_num_value_heads must be a positive multiple of linear_num_key_heads"),
         ({"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
          "layer_types\\[1\\] must be 'linear_attention' or 'full_attention'"),
+        ({"layer_types": ["linear_attention", "full_attention"]}, "layer_types must have num_hidden_layers=4 entries; got 2"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
+         "rope_parameters.rope_type must be 'default' \\(no scaling\\); got 'yarn'"),
+        ({"rope_parameters": None, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+         "rope_parameters.rope_type must be 'default' \\(no scaling\\); got 'dynamic'"),
     ],
 )
 def test_an_unsupported_checkpoint_is_refused_in_one_line(capsys, tmp_path, dense, changes, message):

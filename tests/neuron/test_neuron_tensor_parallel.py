@@ -9,6 +9,8 @@ of vLLM's ``GroupCoordinator`` that the shell uses (``world_size``, ``rank_in_gr
 ``all_reduce``, ``all_gather``).
 """
 
+import pathlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -85,3 +87,66 @@ def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
     for (prompt, new_tokens, _), got in zip(workload, tp1_ids):
         want, _ = oracle.hf_greedy(model_dir, torch.float32, prompt, new_tokens)
         assert got == want
+
+
+def _with_fused_experts(source, folder):
+    """A copy of the checkpoint ``source`` with its per-expert tensors stacked into the fused 3-D
+    layout (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``)."""
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+    tensors = {}
+    for path in sorted(pathlib.Path(source).glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
+    experts = {}
+    for name in [n for n in tensors if re.search(r"\.experts\.\d+\.", n)]:
+        prefix, expert, proj = re.match(r"(.*\.experts)\.(\d+)\.(\w+)_proj\.weight", name).groups()
+        experts.setdefault(prefix, {})[(int(expert), proj)] = tensors.pop(name)
+    for prefix, weights in experts.items():
+        count = max(expert for expert, _ in weights) + 1
+        tensors[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([weights[(e, "gate")], weights[(e, "up")]]) for e in range(count)])
+        tensors[f"{prefix}.down_proj"] = torch.stack([weights[(e, "down")] for e in range(count)])
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return str(folder)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-moe-vl", "fused-experts"])
+def test_each_rank_loads_the_share_the_parameter_layout_describes(tiny_model, tmp_path, model):
+    """Every parameter a rank of TP=2 loads is :func:`~vllm_gdn_neuron.model.parameters.rank_share` of
+    the TP=1 model's (merged projections, conv channels, head vectors, row-parallel weights, both
+    routed-expert layouts, the vocabulary-split LM head, the replicated vision tower)."""
+    import types
+
+    import transformers
+
+    from vllm_gdn_neuron.model.parameters import rank_share
+    from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+    if model == "fused-experts":
+        folder = _with_fused_experts(tiny_model("qwen3_5-moe"), tmp_path / "fused")
+    else:
+        folder = tiny_model(model)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    text_config = getattr(config, "text_config", config)
+
+    def loaded(tp, rank, checkpoint=folder):
+        group = types.SimpleNamespace(world_size=tp, rank_in_group=rank, all_reduce=None, all_gather=None)
+        with torch.device("meta"):
+            shell = Qwen3_5NeuronForCausalLM(config, None, tp_group=group)
+        shell.load_weights(checkpoint, "cpu", None)
+        return shell
+
+    whole = dict(loaded(1, 0).named_parameters())
+    if model == "fused-experts":  # the same model as the per-expert checkpoint it was stacked from
+        for name, param in loaded(1, 0, tiny_model("qwen3_5-moe")).named_parameters():
+            torch.testing.assert_close(whole[name].data, param.data, rtol=0, atol=0, msg=name)
+    for rank in range(2):
+        shell = loaded(2, rank)
+        assert shell.vocab_shards == 2
+        for name, param in shell.named_parameters():
+            want = rank_share(name, whole[name].data, text_config, 2, rank, vocab_split=True)
+            torch.testing.assert_close(param.data, want, rtol=0, atol=0, msg=f"rank {rank}: {name}")

@@ -11,7 +11,8 @@ from vllm_gdn_neuron.shells.vllm.weights import plan_loads
 
 def _config(hk, hv, dk, dv):
     return types.SimpleNamespace(
-        linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=dk, linear_value_head_dim=dv
+        linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=dk, linear_value_head_dim=dv,
+        linear_conv_kernel_dim=4,
     )
 
 
@@ -77,3 +78,64 @@ def test_plan_loads_routes_every_layout_to_the_merged_parameters():
     for name, (param, shard) in expected.items():
         [(got_param, got_shard, _)] = plan_loads(name, torch.zeros(4, 7), config)
         assert (got_param, got_shard) == (param, shard), name
+
+
+@pytest.fixture
+def tensor_parallel_rank(monkeypatch):
+    """``tensor_parallel_rank(tp, rank)``: vLLM's tensor-parallel group, as its parallel layers and this
+    shell's layers read it (world size and rank only: nothing here communicates)."""
+    from vllm.distributed import parallel_state
+
+    def set_rank(tp, rank):
+        monkeypatch.setattr(parallel_state, "_TP", types.SimpleNamespace(world_size=tp, rank_in_group=rank))
+
+    return set_rank
+
+
+@pytest.mark.vllm024
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize(("hk", "hv", "dk", "dv"), [(4, 8, 3, 5), (4, 12, 6, 2)])
+def test_gated_deltanet_loaders_write_each_rank_its_described_share(tensor_parallel_rank, tp, hk, hv, dk, dv):
+    """Loading Qwen3.5's checkpoint tensors of one GatedDeltaNet layer through the layer's weight
+    loaders (vLLM's merged and row-parallel ones, the shell's conv1d and head-vector ones) leaves
+    every parameter of rank r equal to :func:`~vllm_gdn_neuron.model.parameters.rank_share` of the
+    whole tensor."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    from vllm_gdn_neuron.model.parameters import rank_share
+    from vllm_gdn_neuron.shells.vllm.gated_deltanet import GatedDeltaNet
+
+    config = types.SimpleNamespace(**vars(_config(hk, hv, dk, dv)), hidden_size=6, rms_norm_eps=1e-6)
+    engine = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(dtype=torch.float32), device_config=types.SimpleNamespace(device_type="cpu"),
+        cache_config=types.SimpleNamespace(mamba_cache_dtype="auto", mamba_ssm_cache_dtype="float32"))
+    prefix, key, value = "model.layers.0.linear_attn", hk * dk, hv * dv
+    generator = torch.Generator().manual_seed(0)
+    checkpoint = {name: torch.randn(*shape, generator=generator) for name, shape in {
+        "in_proj_qkv.weight": (2 * key + value, 6), "in_proj_z.weight": (value, 6), "in_proj_b.weight": (hv, 6),
+        "in_proj_a.weight": (hv, 6), "conv1d.weight": (2 * key + value, 1, 4), "A_log": (hv,), "dt_bias": (hv,),
+        "norm.weight": (dv,), "out_proj.weight": (6, value)}.items()}
+    whole = {
+        "in_proj_qkvz.weight": torch.cat([checkpoint["in_proj_qkv.weight"], checkpoint["in_proj_z.weight"]]),
+        "in_proj_ba.weight": torch.cat([checkpoint["in_proj_b.weight"], checkpoint["in_proj_a.weight"]]),
+        "conv1d.weight": checkpoint["conv1d.weight"][:, 0],
+        **{name: checkpoint[name] for name in ("A_log", "dt_bias", "norm.weight", "out_proj.weight")},
+    }
+    for rank in range(tp):
+        tensor_parallel_rank(tp, rank)
+        with set_current_vllm_config(VllmConfig()):
+            layer = GatedDeltaNet(config, engine, prefix=prefix)
+        params = dict(layer.named_parameters())
+        assert params.keys() == whole.keys()
+        for name, tensor in checkpoint.items():
+            for param_name, shard, part in plan_loads(f"{prefix}.{name}", tensor, config):
+                param = params[param_name.removeprefix(f"{prefix}.")]
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                if shard is None:
+                    loader(param, part)
+                else:
+                    loader(param, part, shard)
+        for name, param in params.items():
+            want = rank_share(f"{prefix}.{name}", whole[name], config, tp, rank)
+            torch.testing.assert_close(param.data, want, rtol=0, atol=0, msg=f"rank {rank}: {name}")

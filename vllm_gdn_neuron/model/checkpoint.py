@@ -17,6 +17,8 @@
 
 import torch
 
+from vllm_gdn_neuron.model.dims import GDNDims
+
 RENAMED_PREFIXES = (("model.language_model.", "model."),)
 MTP_PREFIX = "mtp."
 VISION_PREFIXES = ("model.visual.", "visual.")
@@ -55,9 +57,8 @@ def mtp_tensor_name(name: str) -> str | None:
 
 def split_flat_qkv(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Qwen3.5 ``in_proj_qkv`` [2*Hk*Dk + Hv*Dv, H] -> q, k [Hk*Dk, H], v [Hv*Dv, H]."""
-    key_dim = text_config.linear_num_key_heads * text_config.linear_key_head_dim
-    value_dim = text_config.linear_num_value_heads * text_config.linear_value_head_dim
-    return weight.split([key_dim, key_dim, value_dim], dim=0)
+    dims = GDNDims.from_config(text_config)
+    return weight.split([dims.key_dim, dims.key_dim, dims.value_dim], dim=0)
 
 
 def unpack_grouped_qkvz(weight: torch.Tensor, text_config) -> tuple[torch.Tensor, ...]:

@@ -1,22 +1,40 @@
-"""The parameter layout both shells hold: which checkpoint projections share one merged projection.
+"""The parameter layout both shells hold, and how every parameter splits over tensor-parallel ranks.
 
 Projections that read the same input are one column-parallel projection (one matmul), named
-as vLLM's Qwen3.5 model names them; its rows are the parts in order, and each
-tensor-parallel rank holds its rows of every part, in the same order:
+as vLLM's Qwen3.5 model names them; its rows are the parts in order:
 
 - ``linear_attn.in_proj_qkvz``: q | k | v (Qwen3.5's ``in_proj_qkv``, split) | z (``in_proj_z``);
 - ``linear_attn.in_proj_ba``: b | a (``in_proj_b``, ``in_proj_a``);
 - ``self_attn.qkv_proj``: q (query and output gate, per head) | k | v;
 - ``mlp.gate_up_proj``, ``mlp.shared_expert.gate_up_proj``: gate | up.
 
-A part is split into equal contiguous row blocks, one per rank, except the k and v parts of
-attention: they split by key-value heads, and past one head per rank a head is replicated
-(rank r holds head ``r // (tp / Hkv)``), as vLLM's ``QKVParallelLinear`` does.
+:func:`parameter_split` says how the whole tensor of any parameter splits (a :class:`Split`:
+the dimension, the parts along it that split separately, and which rank holds which block);
+:func:`rank_share` cuts one rank's share out of a whole tensor. The rules:
+
+- merged projections: each part's rows split into equal contiguous blocks, one per rank,
+  except the k and v parts of attention: they split by key-value heads, and past one head per
+  rank a head is replicated (rank r holds head ``r // (tp / Hkv)``), as vLLM's
+  ``QKVParallelLinear`` does;
+- ``linear_attn.conv1d.weight [C, 1, K]`` (or ``[C, K]``): the channels' q | k | v parts
+  (:class:`~vllm_gdn_neuron.model.dims.GDNDims`) split separately, like ``in_proj_qkvz``;
+- ``linear_attn.A_log``, ``linear_attn.dt_bias [Hv]``: split by value heads;
+- row-parallel weights (``out_proj``, ``o_proj``, ``mlp.down_proj``, ``shared_expert.down_proj``):
+  their input columns (dim 1) split;
+- routed experts, either checkpoint layout: ``experts.gate_up_proj`` fused ``[E, 2 * I, H]``
+  splits the gate and the up rows of every expert separately, one expert's gate or up
+  ``[I, H]`` (the per-expert layout) its rows; ``experts.down_proj`` ``[E, H, I]`` or one
+  expert's ``[H, I]`` its last dimension;
+- ``lm_head.weight [V, H]``: the vocabulary rows, where the shell splits the vocabulary;
+- anything else (embeddings, norms, routers, the vision tower ``visual.*``): replicated.
+
+A rank holds its block of every part, back to back in part order. The vLLM shell's own parallel
+layers (vLLM's merged / row-parallel linears, fused MoE, LM head) cut the same blocks themselves.
 
 :func:`merged_loads` turns one checkpoint tensor (in Qwen3.5's flat names,
-:func:`~vllm_gdn_neuron.model.checkpoint.flat_gdn_tensors`) into its parts;
-:func:`rank_rows` says where a part's rows lie for one rank. Any other tensor is loaded into
-the parameter of its own name (``shard`` None).
+:func:`~vllm_gdn_neuron.model.checkpoint.flat_gdn_tensors`) into its parts of merged
+projections; :func:`rank_rows` says where a part's rows lie for one rank. Any other tensor is
+loaded into the parameter of its own name (``shard`` None).
 """
 
 from collections.abc import Callable
@@ -25,16 +43,68 @@ from dataclasses import dataclass
 import torch
 
 from vllm_gdn_neuron.model.checkpoint import flat_gdn_tensors, split_flat_qkv
+from vllm_gdn_neuron.model.dims import GDNDims
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one whole tensor splits over tensor-parallel ranks.
+
+    Along ``dim`` the tensor is ``parts`` back to back. A part splits into ``tp`` equal
+    contiguous blocks, block r going to rank r, except a part of key-value heads
+    (``kv_heads`` not None for it): it splits into ``min(tp, heads)`` blocks, and rank r holds
+    block ``r * blocks // tp`` (past one head per rank a head is replicated).
+
+    Attributes:
+        dim: the split dimension; None: every rank holds the whole tensor.
+        parts: the sizes of the parts along ``dim``.
+        kv_heads: per part, its key-value heads or None (empty: None for every part).
+    """
+
+    dim: int | None
+    parts: tuple[int, ...] = ()
+    kv_heads: tuple[int | None, ...] = ()
+
+    def rank_slices(self, tp: int, rank: int) -> tuple[slice, ...]:
+        """The rank's block of each part, in part order, as indices along ``dim`` of the whole tensor.
+
+        The start-up checks (:func:`vllm_gdn_neuron.model.checks.check_text_config`) refuse a
+        ``tp`` that does not divide the heads and sizes the parts are made of.
+
+        Raises:
+            ValueError: ``rank`` outside ``[0, tp)``.
+        """
+        if not 0 <= rank < tp:
+            raise ValueError(f"rank must be in [0, tp={tp}); got {rank}")
+        slices, start = [], 0
+        for size, heads in zip(self.parts, self.kv_heads or (None,) * len(self.parts)):
+            blocks = tp if heads is None else min(tp, heads)
+            count = size // blocks
+            block = rank * blocks // tp
+            slices.append(slice(start + block * count, start + (block + 1) * count))
+            start += size
+        return tuple(slices)
+
+    def take(self, tensor: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
+        """The rank's share of the whole ``tensor``: its blocks of every part, concatenated along ``dim``."""
+        if self.dim is None or tp == 1:
+            return tensor
+        pieces = [tensor.narrow(self.dim, piece.start, piece.stop - piece.start)
+                  for piece in self.rank_slices(tp, rank)]
+        return torch.cat(pieces, dim=self.dim) if len(pieces) > 1 else pieces[0]
+
+
+REPLICATED = Split(None)
 
 
 def _gdn_qkvz_sizes(config) -> tuple[int, ...]:
-    key = config.linear_num_key_heads * config.linear_key_head_dim
-    value = config.linear_num_value_heads * config.linear_value_head_dim
-    return key, key, value, value
+    dims = GDNDims.from_config(config)
+    return dims.key_dim, dims.key_dim, dims.value_dim, dims.value_dim
 
 
 def _gdn_ba_sizes(config) -> tuple[int, ...]:
-    return config.linear_num_value_heads, config.linear_num_value_heads
+    heads = GDNDims.from_config(config).num_v_heads
+    return heads, heads
 
 
 def _attention_qkv_sizes(config) -> tuple[int, ...]:
@@ -66,12 +136,75 @@ class MergedProjection:
     part_sizes: Callable[[object], tuple[int, ...]]
     by_kv_heads: tuple[int, ...] = ()
 
+    def split(self, text_config) -> Split:
+        """How the whole merged weight (or bias) splits: its rows, part by part."""
+        sizes = self.part_sizes(text_config)
+        heads = tuple(text_config.num_key_value_heads if part in self.by_kv_heads else None
+                      for part in range(len(sizes)))
+        return Split(0, sizes, heads)
+
 
 GDN_QKVZ = MergedProjection("linear_attn.in_proj_qkvz", (0, 1, 2, 3), _gdn_qkvz_sizes)
 GDN_BA = MergedProjection("linear_attn.in_proj_ba", (0, 1), _gdn_ba_sizes)
 ATTENTION_QKV = MergedProjection("self_attn.qkv_proj", ("q", "k", "v"), _attention_qkv_sizes, by_kv_heads=(1, 2))
 MLP_GATE_UP = MergedProjection("mlp.gate_up_proj", (0, 1), _mlp_gate_up_sizes)
 SHARED_EXPERT_GATE_UP = MergedProjection("shared_expert.gate_up_proj", (0, 1), _shared_expert_gate_up_sizes)
+MERGED_PROJECTIONS = (GDN_QKVZ, GDN_BA, ATTENTION_QKV, MLP_GATE_UP, SHARED_EXPERT_GATE_UP)
+
+# Weights whose input columns (dim 1) split: their matmul's partial sums are reduced over ranks.
+ROW_PARALLEL = (".out_proj.weight", ".o_proj.weight", "mlp.down_proj.weight", "shared_expert.down_proj.weight")
+# Per-value-head vectors of a GatedDeltaNet layer.
+HEAD_VECTORS = (".A_log", ".dt_bias")
+
+
+def parameter_split(name: str, shape: tuple[int, ...], text_config, vocab_split: bool = False) -> Split:
+    """How the whole tensor of parameter ``name`` splits over tensor-parallel ranks.
+
+    Args:
+        name: the parameter's name (``model.layers.0.linear_attn.conv1d.weight``; ``visual.*``
+            for the vision tower).
+        shape: the whole tensor's shape (it tells the routed experts' two layouts apart).
+        text_config: the text decoder's config.
+        vocab_split: whether ``lm_head.weight`` is split by vocabulary rows (else replicated).
+    """
+    if name.startswith("visual."):
+        return REPLICATED
+    for merged in MERGED_PROJECTIONS:
+        if f".{merged.name}." in name:
+            return merged.split(text_config)
+    if name.endswith(".conv1d.weight"):
+        dims = GDNDims.from_config(text_config)
+        return Split(0, (dims.key_dim, dims.key_dim, dims.value_dim))
+    if name.endswith(HEAD_VECTORS):
+        return Split(0, (GDNDims.from_config(text_config).num_v_heads,))
+    if name.endswith(ROW_PARALLEL):
+        return Split(1, (shape[1],))
+    if name.endswith(".experts.gate_up_proj"):
+        # gate rows then up rows ([E, 2I, H] fused, or [2I, H] one expert's), or one expert's gate or up [I, H]
+        inter = text_config.moe_intermediate_size
+        return Split(len(shape) - 2, (inter, inter) if shape[-2] == 2 * inter else (shape[-2],))
+    if name.endswith(".experts.down_proj"):  # [E, H, I] or one expert's [H, I]
+        return Split(len(shape) - 1, (shape[-1],))
+    if name == "lm_head.weight" and vocab_split:
+        return Split(0, (shape[0],))
+    return REPLICATED
+
+
+def rank_share(name: str, tensor: torch.Tensor, text_config, tp: int, rank: int,
+               vocab_split: bool = False) -> torch.Tensor:
+    """The slice of the whole ``tensor`` of parameter ``name`` that rank ``rank`` of ``tp`` holds
+    (:func:`parameter_split`).
+
+    Raises:
+        ValueError: naming the parameter, when the tensor's size along the split dimension is not
+            the sum of its parts.
+    """
+    split = parameter_split(name, tuple(tensor.shape), text_config, vocab_split)
+    if split.dim is not None and tp > 1 and tensor.shape[split.dim] != sum(split.parts):
+        raise ValueError(f"{name}: the whole tensor must have {sum(split.parts)} entries along dim {split.dim} "
+                         f"(parts {split.parts}); got shape {tuple(tensor.shape)}")
+    return split.take(tensor, tp, rank)
+
 
 # (checkpoint module in the flat layout, its merged projection, the parts it holds)
 _CHECKPOINT_PARTS = (
@@ -135,19 +268,9 @@ def rank_rows(merged: MergedProjection, part: int, text_config, tp: int, rank: i
         ``(source, target)``: the rows of the whole part the rank holds, and where they go in the
         rank's merged parameter (its rows of every earlier part come first).
     """
-    sizes = merged.part_sizes(text_config)
-    local = [_rank_part(merged, index, size, text_config, tp, rank) for index, size in enumerate(sizes)]
-    start, count = local[part]
-    offset = sum(count for _, count in local[:part])
-    return slice(start, start + count), slice(offset, offset + count)
-
-
-def _rank_part(merged: MergedProjection, part: int, size: int, text_config, tp: int, rank: int) -> tuple[int, int]:
-    """``(first row, rows)`` of the rank's share of a part of ``size`` rows."""
-    if part in merged.by_kv_heads:
-        kv_heads = text_config.num_key_value_heads
-        replicas = max(1, tp // kv_heads)
-        count = size // (tp // replicas)
-        return rank // replicas * count, count
-    count = size // tp
-    return rank * count, count
+    split = merged.split(text_config)
+    blocks = split.rank_slices(tp, rank)
+    part_start = sum(split.parts[:part])
+    offset = sum(block.stop - block.start for block in blocks[:part])
+    count = blocks[part].stop - blocks[part].start
+    return slice(blocks[part].start - part_start, blocks[part].stop - part_start), slice(offset, offset + count)

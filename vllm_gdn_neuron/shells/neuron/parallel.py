@@ -1,9 +1,9 @@
-"""Tensor parallelism of the Neuron shell: the rank's group and how checkpoint tensors shard.
+"""Tensor parallelism of the Neuron shell: the rank's group.
 
 On a Neuron host the group is vLLM's tensor-parallel ``GroupCoordinator`` (what
 vllm-neuron's worker initialises); anywhere vLLM's distributed state is not set up
-the shell runs as a single rank. Each rank keeps only its slices of the checkpoint
-tensors (:func:`shard`).
+the shell runs as a single rank. Which slices of the checkpoint tensors each rank keeps
+is :mod:`vllm_gdn_neuron.model.parameters`.
 """
 
 import torch
@@ -38,23 +38,3 @@ def current_tp_group():
         return SingleRank()
     return parallel_state.get_tp_group()
 
-
-def shard(tensor: torch.Tensor, dim: int, rank: int, world_size: int, parts: tuple[int, ...] | None = None):
-    """This rank's slice of ``tensor`` along ``dim``.
-
-    Args:
-        tensor: a whole checkpoint tensor.
-        dim: the sharded dimension.
-        rank, world_size: the tensor-parallel position.
-        parts: sizes of consecutive segments along ``dim`` that shard separately
-            (the q | k | v parts of a fused projection), or None for one segment.
-
-    Returns:
-        The concatenation, in order, of each segment's ``rank``-th of ``world_size`` pieces.
-    """
-    segments = tensor.split(list(parts), dim=dim) if parts else (tensor,)
-    pieces = []
-    for segment in segments:
-        size = segment.shape[dim] // world_size
-        pieces.append(segment.narrow(dim, rank * size, size))
-    return torch.cat(pieces, dim=dim) if len(pieces) > 1 else pieces[0]

@@ -14,6 +14,10 @@ except where the layouts differ:
   ``experts.gate_up_proj [E, 2 * I, H]`` and ``experts.down_proj [E, H, I]``;
 - ``conv1d.weight [C, 1, K]`` drops its unit axis.
 
+Each rank keeps its share of every tensor as :mod:`vllm_gdn_neuron.model.parameters` describes
+it (:func:`~vllm_gdn_neuron.model.parameters.rank_share`; the LM head split by vocabulary rows
+where the model splits its vocabulary).
+
 Every parameter must be written exactly once; a missing, unexpected or misshaped tensor
 raises ``ValueError`` naming it (never a half-initialised model).
 """
@@ -26,8 +30,7 @@ import re
 import torch
 
 from vllm_gdn_neuron.model.checkpoint import text_tensor_name, vision_tensor_name
-from vllm_gdn_neuron.model.parameters import PartLoad, merged_loads, rank_rows
-from vllm_gdn_neuron.shells.neuron.parallel import shard
+from vllm_gdn_neuron.model.parameters import PartLoad, merged_loads, rank_rows, rank_share
 
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
 
@@ -68,6 +71,7 @@ class _Writer:
         self.params = dict(model.named_parameters())
         group = model.tp_group
         self.tp, self.rank = group.world_size, group.rank_in_group
+        self.vocab_split = model.vocab_shards > 1
         self.written: dict[str, set] = {name: set() for name in self.params}
         self.merged_parts: dict[str, set] = {}  # merged parameter -> the keys of all its parts
 
@@ -79,7 +83,8 @@ class _Writer:
         if isinstance(index, PartLoad):
             part, target, key = self._merged_part(source, name, tensor, index)
         else:
-            part, target = self._shard(name, tensor), param.data
+            part = rank_share(name, tensor, self.config, self.tp, self.rank, vocab_split=self.vocab_split)
+            target = param.data
             key = "whole" if index is None else str(index)
             if isinstance(index, tuple):  # (expert, "gate" | "up") of a stacked gate_up_proj
                 expert, half = index
@@ -105,29 +110,6 @@ class _Writer:
                              f"got shape {tuple(tensor.shape)}")
         take, into = rank_rows(merged, index, self.config, self.tp, self.rank)
         return tensor[take], self.params[name].data[into], str(index)
-
-    def _shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if self.tp == 1 or name.startswith("visual."):  # the vision tower is replicated
-            return tensor
-        config, tp, rank = self.config, self.tp, self.rank
-        key_dim = config.linear_num_key_heads * config.linear_key_head_dim
-        value_dim = config.linear_num_value_heads * config.linear_value_head_dim
-        if name.endswith(".conv1d.weight"):
-            return shard(tensor, 0, rank, tp, (key_dim, key_dim, value_dim))
-        if name.endswith((".A_log", ".dt_bias")):
-            return shard(tensor, 0, rank, tp)
-        if name.endswith((".out_proj.weight", ".o_proj.weight", "mlp.down_proj.weight",
-                          "shared_expert.down_proj.weight")):
-            return shard(tensor, 1, rank, tp)
-        if name.endswith(".experts.gate_up_proj"):
-            # per expert [2I, H] (gate rows then up rows) or fused [E, 2I, H]
-            inter = config.moe_intermediate_size
-            return shard(tensor, tensor.dim() - 2, rank, tp, (inter, inter) if tensor.shape[-2] == 2 * inter else None)
-        if name.endswith(".experts.down_proj"):
-            return shard(tensor, tensor.dim() - 1, rank, tp)
-        if name == "lm_head.weight" and self.model.vocab_shards > 1:
-            return shard(tensor, 0, rank, tp)
-        return tensor
 
     def check_complete(self) -> None:
         experts = range(getattr(self.config, "num_experts", 0))

@@ -42,16 +42,11 @@ from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.phases import resolve_phases
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
+from vllm_gdn_neuron.model.parameters import GDN_BA, GDN_QKVZ, rank_share
 from vllm_gdn_neuron.shells.vllm.step import EngineStep
 
 # vLLM's null block: never allocated to a request, so padding (if any) is routed there.
 PAD_PAGE = 0
-
-
-def _rank_slice(size: int, tp_size: int, tp_rank: int) -> slice:
-    """The contiguous part of ``size`` rows that one tensor-parallel rank owns."""
-    part = size // tp_size
-    return slice(tp_rank * part, (tp_rank + 1) * part)
 
 
 class GatedDeltaNet(nn.Module, MambaBase):
@@ -67,7 +62,8 @@ class GatedDeltaNet(nn.Module, MambaBase):
         vllm_config: the engine config (dtypes of the states, TP size).
         prefix: the layer's dotted name; it keys the step's attention metadata.
 
-    Parameters (checkpoint names, after the model's loader maps them):
+    Parameters (checkpoint names, after the model's loader maps them; this rank's share of each,
+    :mod:`vllm_gdn_neuron.model.parameters`):
         in_proj_qkvz.weight [2*Hk*Dk + 2*Hv*Dv, H] shards (q, k, v, z);
         in_proj_ba.weight [2*Hv, H] shards (b, a); conv1d.weight [C, K];
         A_log, dt_bias [Hv] float32; norm.weight [Dv]; out_proj.weight [H, Hv*Dv].
@@ -82,45 +78,31 @@ class GatedDeltaNet(nn.Module, MambaBase):
         self.model_dtype = vllm_config.model_config.dtype
         self.cache_config = vllm_config.cache_config
 
-        total_k_heads = config.linear_num_key_heads
-        total_v_heads = config.linear_num_value_heads
-        self.head_k_dim = config.linear_key_head_dim
-        self.head_v_dim = config.linear_value_head_dim
-        self.num_k_heads = total_k_heads // self.tp_size
-        self.num_v_heads = total_v_heads // self.tp_size
-        self.key_dim = self.num_k_heads * self.head_k_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        self.conv_kernel = config.linear_conv_kernel_dim
-        self.dims = GDNDims.from_config(config, self.tp_size)
-        total_key_dim = total_k_heads * self.head_k_dim
-        total_value_dim = total_v_heads * self.head_v_dim
+        self.dims = dims = GDNDims.from_config(config, self.tp_size)
 
         self.in_proj_qkvz = MergedColumnParallelLinear(
-            config.hidden_size,
-            [total_key_dim, total_key_dim, total_value_dim, total_value_dim],
-            bias=False,
-            prefix=f"{prefix}.in_proj_qkvz",
+            config.hidden_size, list(GDN_QKVZ.part_sizes(config)), bias=False, prefix=f"{prefix}.in_proj_qkvz"
         )
         self.in_proj_ba = MergedColumnParallelLinear(
-            config.hidden_size, [total_v_heads, total_v_heads], bias=False, prefix=f"{prefix}.in_proj_ba"
+            config.hidden_size, list(GDN_BA.part_sizes(config)), bias=False, prefix=f"{prefix}.in_proj_ba"
         )
-        self.conv1d = _ConvWeight(
-            (total_key_dim, total_key_dim, total_value_dim), self.conv_kernel, self.tp_size, self.tp_rank
-        )
-        self.A_log = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32))
-        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads, dtype=torch.float32))
-        for head_param in (self.A_log, self.dt_bias):
-            set_weight_attrs(head_param, {"weight_loader": self._load_head_vector})
-        self.norm = GatedRMSNorm(self.head_v_dim, eps=config.rms_norm_eps)
+        self.conv1d = _ConvWeight(f"{prefix}.conv1d.weight", config, self.tp_size, self.tp_rank)
+        self.A_log = nn.Parameter(torch.empty(dims.num_v_heads, dtype=torch.float32))
+        self.dt_bias = nn.Parameter(torch.empty(dims.num_v_heads, dtype=torch.float32))
+        for name in ("A_log", "dt_bias"):
+            loader = rank_share_loader(f"{prefix}.{name}", config, self.tp_size, self.tp_rank)
+            set_weight_attrs(getattr(self, name), {"weight_loader": loader})
+        self.norm = GatedRMSNorm(dims.head_v_dim, eps=config.rms_norm_eps)
         self.out_proj = RowParallelLinear(
-            total_value_dim, config.hidden_size, bias=False, input_is_parallel=True, prefix=f"{prefix}.out_proj"
+            GDNDims.from_config(config).value_dim, config.hidden_size, bias=False, input_is_parallel=True,
+            prefix=f"{prefix}.out_proj",
         )
 
         conv_dtype, ssm_dtype = self.get_state_dtype()
         self.phases = resolve_phases(
-            GdnShape(self.model_dtype, self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim,
-                     self.head_k_dim ** -0.5, ssm_dtype),
-            ConvShape(self.model_dtype, self.conv1d.weight.dtype, conv_dtype, self.dims.conv_dim, self.conv_kernel,
+            GdnShape(self.model_dtype, dims.num_k_heads, dims.num_v_heads, dims.head_k_dim, dims.head_v_dim,
+                     dims.head_k_dim ** -0.5, ssm_dtype),
+            ConvShape(self.model_dtype, self.conv1d.weight.dtype, conv_dtype, dims.conv_dim, dims.conv_kernel,
                       "silu"),
             vllm_config.device_config.device_type)
 
@@ -159,56 +141,66 @@ class GatedDeltaNet(nn.Module, MambaBase):
         Raises:
             RuntimeError: the step has no metadata for this layer but its cache is bound.
         """
-        num_tokens = hidden_states.shape[0]
+        dims, num_tokens = self.dims, hidden_states.shape[0]
         qkvz, _ = self.in_proj_qkvz(hidden_states)
         ba, _ = self.in_proj_ba(hidden_states)
-        qkv, z = qkvz.split([2 * self.key_dim + self.value_dim, self.value_dim], dim=-1)
-        b, a = ba.split([self.num_v_heads, self.num_v_heads], dim=-1)
+        qkv, z = qkvz.split([dims.conv_dim, dims.value_dim], dim=-1)
+        b, a = ba.split([dims.num_v_heads, dims.num_v_heads], dim=-1)
 
         cache = getattr(self, "kv_cache", ())
         metadata = layer_metadata(get_forward_context().attn_metadata, self.prefix, cache_bound=len(cache) > 0)
         if metadata is None:  # vLLM's profiling run, before any cache exists
-            core = qkv.new_zeros(num_tokens, self.num_v_heads, self.head_v_dim)
+            core = qkv.new_zeros(num_tokens, dims.num_v_heads, dims.head_v_dim)
         else:
             conv_cache, ssm_cache = cache
             parts = step.gdn_parts(metadata, conv_cache.shape[0], engine_step)
             if parts.order is not None:
                 qkv, a, b = (t.index_select(0, parts.order) for t in (qkv, a, b))
-            core = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
+            core = gdn_mix(dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
                            GDNCaches(conv=conv_cache, ssm=ssm_cache), parts.decode, parts.prefill,
                            verify=parts.verify, phases=self.phases)
             if parts.order is not None:
                 core = core.new_zeros(num_tokens, *core.shape[1:]).index_copy_(0, parts.order, core)
-        out = self.norm(core, z.view(num_tokens, self.num_v_heads, self.head_v_dim))
-        out, _ = self.out_proj(out.view(num_tokens, self.value_dim))
+        out = self.norm(core, z.view(num_tokens, dims.num_v_heads, dims.head_v_dim))
+        out, _ = self.out_proj(out.view(num_tokens, dims.value_dim))
         return out
 
-    def _load_head_vector(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        """Load this rank's heads of a per-value-head vector (``A_log``, ``dt_bias``)."""
-        rows = _rank_slice(loaded_weight.shape[0], self.tp_size, self.tp_rank)
-        param.data.copy_(loaded_weight[rows])
+
+def rank_share_loader(name: str, text_config, tp_size: int, tp_rank: int):
+    """A ``weight_loader`` that copies this rank's share of the whole checkpoint tensor of parameter
+    ``name`` (:func:`~vllm_gdn_neuron.model.parameters.rank_share`) into the parameter.
+
+    Raises (when called):
+        ValueError: naming the parameter, when the share does not fill it.
+    """
+
+    def load(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        share = rank_share(name, loaded_weight, text_config, tp_size, tp_rank)
+        if share.numel() != param.numel():
+            raise ValueError(f"{name}: this rank's share of the checkpoint tensor {tuple(loaded_weight.shape)} "
+                             f"must fill the parameter {tuple(param.shape)}; got {tuple(share.shape)}")
+        param.data.copy_(share.reshape(param.shape))
+
+    return load
 
 
 class _ConvWeight(nn.Module):
-    """The depthwise conv kernel ``weight`` [C_local, K] of this rank's q|k|v channels.
+    """The depthwise conv kernel ``weight [C_local, K]`` of this rank's q | k | v channels.
 
-    The checkpoint stores ``[C, 1, K]`` (``nn.Conv1d``) over all heads, channels in
-    q | k | v order; each rank keeps its slice of each of the three parts.
+    The checkpoint stores ``[C, 1, K]`` (``nn.Conv1d``) over all heads; each rank keeps its
+    channels of each of q, k and v (:func:`~vllm_gdn_neuron.model.parameters.rank_share`).
+
+    Args:
+        name: the parameter's name (``<layer>.conv1d.weight``).
+        text_config: the text decoder's config.
+        tp_size, tp_rank: the tensor-parallel position.
     """
 
-    def __init__(self, part_sizes: tuple[int, int, int], kernel: int, tp_size: int, tp_rank: int) -> None:
+    def __init__(self, name: str, text_config, tp_size: int, tp_rank: int) -> None:
         super().__init__()
-        self.part_sizes = part_sizes
-        self.tp_size, self.tp_rank = tp_size, tp_rank
-        local = sum(part_sizes) // tp_size
-        self.weight = nn.Parameter(torch.empty(local, kernel))
-        set_weight_attrs(self.weight, {"weight_loader": self._load})
-
-    def _load(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        full = loaded_weight.reshape(sum(self.part_sizes), -1)
-        parts = full.split(list(self.part_sizes), dim=0)
-        local = [part[_rank_slice(part.shape[0], self.tp_size, self.tp_rank)] for part in parts]
-        param.data.copy_(torch.cat(local, dim=0))
+        dims = GDNDims.from_config(text_config, tp_size)
+        self.weight = nn.Parameter(torch.empty(dims.conv_dim, dims.conv_kernel))
+        set_weight_attrs(self.weight, {"weight_loader": rank_share_loader(name, text_config, tp_size, tp_rank)})
 
 
 def layer_metadata(attn_metadata, prefix: str, cache_bound: bool):
