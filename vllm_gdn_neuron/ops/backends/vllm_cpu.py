@@ -20,6 +20,8 @@ Decode: the kernel fuses Qwen3.5's gating, so g and beta go in as bf16 pre-image
 dimension only), so q / k / v views of the layer's packed conv output go in without a copy.
 """
 
+import functools
+
 import torch
 
 from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
@@ -184,6 +186,19 @@ def _gating_pre_images(g, beta):
     return a.to(torch.bfloat16), b.to(torch.bfloat16)
 
 
+@functools.cache
+def _neutral_gating(num_v_heads, dtype, device):
+    """``(A_log, dt_bias)`` zeros for the fused kernels (g and beta go in as pre-images), made once
+    per shape: the kernels only read them."""
+    return torch.zeros(num_v_heads, device=device), torch.zeros(num_v_heads, dtype=dtype, device=device)
+
+
+@functools.cache
+def _one_token_bounds(rows, device):
+    """``cu_seqlens`` ``[0, 1, ..., rows]`` int32 of a decode step, made once per row count."""
+    return torch.arange(rows + 1, dtype=torch.int32, device=device)
+
+
 def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     """Backend contract: see ``vllm_gdn_neuron.ops.backends``.
 
@@ -195,10 +210,10 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     rows, num_v_heads = v.shape[:2]
     a, b = _gating_pre_images(g, beta)
     o = _decode_kernel()(
-        A_log=torch.zeros(num_v_heads, device=q.device), dt_bias=torch.zeros(num_v_heads, dtype=q.dtype, device=q.device),
+        *_neutral_gating(num_v_heads, q.dtype, q.device),
         q=_unit_last_stride(q)[None], k=_unit_last_stride(k)[None], v=_unit_last_stride(v)[None], a=a, b=b,
         initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
-        cu_seqlens=torch.arange(rows + 1, dtype=torch.int32, device=q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
+        cu_seqlens=_one_token_bounds(rows, q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
     return o.view(rows, num_v_heads, v.shape[2])
 
 
@@ -231,7 +246,7 @@ def gdn_verify_pages(q, k, v, g, beta, ssm_cache, query_start_loc, pages, num_ac
         return o
     a, b = _gating_pre_images(g[:end], beta[:end])
     o[:end] = _verify_kernel()(
-        A_log=torch.zeros(num_v_heads, device=q.device), dt_bias=torch.zeros(num_v_heads, dtype=q.dtype, device=q.device),
+        *_neutral_gating(num_v_heads, q.dtype, q.device),
         q=_unit_last_stride(q[:end]), k=_unit_last_stride(k[:end]), v=_unit_last_stride(v[:end]), a=a, b=b,
         initial_state_source=ssm_cache, spec_state_indices=pages.to(torch.int32).contiguous(),
         num_accepted_tokens=num_accepted.to(torch.int32).contiguous(),
