@@ -119,7 +119,7 @@ class KindTimer:
 
     def _leave(self, kind):
         def hook(module, args, output):
-            opened, start, scope = self._open.pop()
+            _, start, scope = self._open.pop()
             if scope is not None:
                 scope.__exit__(None, None, None)
             self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - start
