@@ -47,6 +47,7 @@ import time
 import torch
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.model.gdn_cache import conv_state_view
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
 from vllm_gdn_neuron.envs import GDN_BACKEND
@@ -236,11 +237,12 @@ CONV_CHANNELS, CONV_WIDTH = (2 * CONV_HEADS[0] + CONV_HEADS[1]) * DIM, 4
 def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
     """Paged conv1d of bf16 C = 8192, K = 4: prefill of ``num_seqs`` fresh sequences of ``size``
     tokens in all, or decode of ``size`` rows; ours (torch), vllm_cpu, auto and vLLM's C++ kernel on its own
-    ``[S, C, K - 1]`` windows (no page gather, no K-column windows: its floor)."""
+    ``[S, C, K - 1]`` windows (no page indexing, no K-column windows: its floor)."""
     gen = torch.Generator().manual_seed(size)
     weight = torch.randn(CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
     rows = size if phase == "decode" else num_seqs
-    start_cache = torch.randn(2 * rows + 1, CONV_CHANNELS, CONV_WIDTH, generator=gen).bfloat16()
+    # the layers' pages: [P, K, C] (channel-fast), seen by the ops as [P, C, K]
+    start_cache = conv_state_view(torch.randn(2 * rows + 1, CONV_WIDTH, CONV_CHANNELS, generator=gen).bfloat16())
     pages = torch.randperm(2 * rows, generator=gen)[:rows] + 1
     x = torch.randn(size, CONV_CHANNELS, generator=gen).bfloat16()
     start_windows = start_cache[pages, :, 1:].transpose(1, 2).contiguous().transpose(1, 2)

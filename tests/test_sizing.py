@@ -107,7 +107,7 @@ def test_state_pages_match_the_layer_cache_shapes(name, tp):
 
     class_name, overrides, _ = sizing.PUBLISHED[name]
     config = getattr(transformers, class_name)(**overrides)
-    (channels, width), (heads, dk, dv) = gdn_state_shapes(config, tp)
+    (width, channels), (heads, dk, dv) = gdn_state_shapes(config, tp)
     assert result.conv_state == channels * width * 4        # float32 pages
     assert result.recurrent_state == heads * dk * dv * 4
     kv_heads = max(1, config.num_key_value_heads // tp)

@@ -217,6 +217,6 @@ def state_bytes_per_sequence(text, dtype: str) -> int:
     """GatedDeltaNet conv + recurrent state bytes of one sequence over all GDN layers (any length)."""
     from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
 
-    (channels, kernel), (hv, dk, dv) = gdn_state_shapes(text, tp_size=1)
+    (kernel, channels), (hv, dk, dv) = gdn_state_shapes(text, tp_size=1)
     per_layer = channels * kernel * DTYPE_BYTES[dtype] + hv * dk * dv * RECURRENT_STATE_BYTES
     return config_layer_types(text).count("linear_attention") * per_layer

@@ -15,6 +15,7 @@ import torch
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels import reference
 from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_gates, gdn_mix
+from vllm_gdn_neuron.model.gdn_cache import conv_state_view
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.phases import resolve_phases
 
@@ -45,7 +46,7 @@ def test_mixed_decode_and_prefill_step_matches_the_float64_references(monkeypatc
     channels, pages = dims.conv_dim, 10
     weight = (0.5 * torch.randn(channels, 4)).to(dtype)
     A_log, dt_bias = torch.randn(hv) * 0.5 + 1.0, torch.randn(hv)  # strongly decaying heads included
-    conv_cache = torch.randn(pages, channels, 4)
+    conv_cache = conv_state_view(torch.randn(pages, 4, channels))  # the shells' pages: [P, K, C]
     ssm_cache = (0.3 * torch.randn(pages, hv, dk, dv)).to(ssm_dtype)  # bf16: --mamba-ssm-cache-dtype
 
     decode_pages = [3, 8]

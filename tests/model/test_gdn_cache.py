@@ -5,7 +5,7 @@ import types
 import pytest
 import torch
 
-from vllm_gdn_neuron.model.gdn_cache import check_gdn_config, gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.model.gdn_cache import check_gdn_config, conv_state_view, gdn_state_dtypes, gdn_state_shapes
 
 
 def _config(**overrides):
@@ -17,10 +17,19 @@ def _config(**overrides):
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_state_shapes_are_conv_c_by_k_and_k_major_recurrent(tp):
+def test_state_shapes_are_channel_fast_conv_and_k_major_recurrent(tp):
     conv, recurrent = gdn_state_shapes(_config(), tp)
-    assert conv == ((2 * 4 * 32 + 8 * 16) // tp, 4)
+    assert conv == (4, (2 * 4 * 32 + 8 * 16) // tp)
     assert recurrent == (8 // tp, 32, 16)
+
+
+def test_conv_state_view_is_the_ops_c_by_k_view_without_a_copy():
+    pages = torch.arange(2 * 4 * 6, dtype=torch.float32).view(2, 4, 6)    # [P, K, C]
+    view = conv_state_view(pages)
+    assert view.shape == (2, 6, 4) and view.stride(1) == 1
+    assert view.data_ptr() == pages.data_ptr()
+    view[1, 5, 2] = -1.0
+    assert pages[1, 2, 5] == -1.0
 
 
 def test_state_dtypes_default_to_model_dtype_conv_and_fp32_recurrent():

@@ -70,7 +70,7 @@ def test_kv_spec_lists_attention_and_recurrent_layers_by_runner_name(dense):
     c = 2 * hf_config.linear_num_key_heads * hf_config.linear_key_head_dim + \
         hf_config.linear_num_value_heads * hf_config.linear_value_head_dim
     recurrent = spec.recurrent_layers[0]
-    assert recurrent.shapes == ((c, hf_config.linear_conv_kernel_dim),
+    assert recurrent.shapes == ((hf_config.linear_conv_kernel_dim, c),
                                 (hf_config.linear_num_value_heads, hf_config.linear_key_head_dim,
                                  hf_config.linear_value_head_dim))
     assert recurrent.dtypes == (torch.float32, torch.float32)
@@ -93,7 +93,7 @@ def test_the_planner_sizes_state_pages_from_the_same_shapes(dense):
     (4, 128, torch.float32, 1, 3, 48, 80, 3),
 ])
 def test_hybrid_page_arithmetic_gives_one_page_size(kv_heads, head_dim, dtype, hk, hv, dk, dv, k):
-    layout = cache.GDNPageLayout(conv_shape=(2 * hk * dk + hv * dv, k), ssm_shape=(hv, dk, dv))
+    layout = cache.GDNPageLayout(conv_shape=(k, 2 * hk * dk + hv * dv), ssm_shape=(hv, dk, dv))
     token_bytes = cache.attention_bytes_per_token(kv_heads, head_dim, dtype)
     alignment = 16
     block = cache.hybrid_block_size(token_bytes, layout.state_bytes, alignment)
@@ -104,15 +104,25 @@ def test_hybrid_page_arithmetic_gives_one_page_size(kv_heads, head_dim, dtype, h
 
 
 def test_state_page_rows_split_and_join_losslessly():
-    layout = cache.GDNPageLayout(conv_shape=(20, 4), ssm_shape=(2, 3, 5))
+    layout = cache.GDNPageLayout(conv_shape=(4, 20), ssm_shape=(2, 3, 5))
     conv = torch.randn(3, 20, 4).to(torch.bfloat16)
     ssm = torch.randn(3, 2, 3, 5)
     rows = layout.join(conv, ssm, page_elems=layout.state_elems + 7)
     assert rows.shape == (3, layout.state_elems + 7) and rows.dtype == torch.float32
     assert torch.count_nonzero(rows[:, layout.state_elems:]) == 0
     conv_back, ssm_back = layout.split(rows)
+    assert conv_back.shape == (3, 20, 4) and conv_back.is_contiguous()
     torch.testing.assert_close(conv_back, conv.float(), rtol=0, atol=0)  # bf16 is exact in float32
     torch.testing.assert_close(ssm_back, ssm, rtol=0, atol=0)
+
+
+def test_state_page_conv_state_is_stored_channel_fast():
+    """Tap j of channel c sits at ``j * C + c`` of the page: the ``[K, C]`` layout the vLLM shell's pages have."""
+    layout = cache.GDNPageLayout(conv_shape=(4, 20), ssm_shape=(2, 3, 5))
+    conv = torch.arange(3 * 20 * 4, dtype=torch.float32).view(3, 20, 4)
+    rows = layout.join(conv, torch.zeros(3, 2, 3, 5), page_elems=layout.state_elems)
+    for c, j in ((0, 0), (7, 1), (19, 3)):
+        assert torch.equal(rows[:, j * 20 + c], conv[:, c, j])
 
 
 def test_reserved_pages_are_the_last_two():

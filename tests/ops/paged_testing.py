@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence
+from vllm_gdn_neuron.model.gdn_cache import conv_state_view
 
 
 @dataclass
@@ -54,10 +55,17 @@ def make_step(num_decodes, lengths, has_state, *, pad_rows=2, pad_seqs=2, pad_to
                 torch.tensor(list(has_state) + [False] * pad_seqs), list(lengths), sum(lengths) + pad_tokens)
 
 
+def conv_pages(num_pages, conv_shape, dtype, gen):
+    """Random ``[P, C, K]`` conv pages as the shells lay them out: the channel-fast view of ``[P, K, C]``."""
+    channels, width = conv_shape
+    return conv_state_view(torch.randn(num_pages, width, channels, generator=gen).to(dtype))
+
+
 def make_caches(step, conv_shape, ssm_shape, conv_dtype=torch.float32, ssm_dtype=torch.float32, seed=1):
-    """Random caches with NaN on the pad page and on the pages of fresh sequences."""
+    """Random caches (conv pages channel-fast, :func:`conv_pages`) with NaN on the pad page and on the
+    pages of fresh sequences."""
     gen = torch.Generator().manual_seed(seed)
-    conv = torch.randn(step.num_pages, *conv_shape, generator=gen).to(conv_dtype)
+    conv = conv_pages(step.num_pages, conv_shape, conv_dtype, gen)
     ssm = (0.5 * torch.randn(step.num_pages, *ssm_shape, generator=gen)).to(ssm_dtype)
     fresh = [int(p) for p, s in zip(step.prefill_pages[:len(step.lengths)], step.has_state) if not s]
     for cache in (conv, ssm):

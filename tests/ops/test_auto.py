@@ -208,7 +208,7 @@ def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypa
     step = paged.DecodeStep.build(torch.tensor([1]))
     x = torch.randn(1, CONV.channels).bfloat16()
     chosen.conv_decode(x, torch.randn(CONV.channels, 4).bfloat16(),
-                       torch.zeros(2, CONV.channels, 4, dtype=torch.bfloat16), step)
+                       torch.zeros(2, 4, CONV.channels, dtype=torch.bfloat16).transpose(1, 2), step)  # [P, K, C] pages
     assert spied == ["vllm_cpu"]
 
 

@@ -16,7 +16,7 @@ from vllm_gdn_neuron.ops.phases import backend_module
 from vllm_gdn_neuron.kernels.reference import causal_conv1d_step, gdn_recurrence
 
 from .ops_testing import assert_matches, make_gdn_inputs
-from .paged_testing import changed_pages
+from .paged_testing import changed_pages, conv_pages
 
 BF16, F32 = torch.bfloat16, torch.float32
 WIDTH = 4  # 1 + 3 speculative tokens
@@ -50,7 +50,7 @@ def _verify_step(seed=0):
 def _caches(num_pages, pages, lengths, accepted, pad_page, conv_shape, ssm_shape, conv_dtype, ssm_dtype):
     """Random caches; NaN on the pad page and on every page no row starts from."""
     gen = torch.Generator().manual_seed(1)
-    conv = torch.randn(num_pages, *conv_shape, generator=gen).to(conv_dtype)
+    conv = conv_pages(num_pages, conv_shape, conv_dtype, gen)
     ssm = (0.5 * torch.randn(num_pages, *ssm_shape, generator=gen)).to(ssm_dtype)
     read = {int(pages[r, accepted[r] - 1]) for r, n in enumerate(lengths) if n}
     unread = [p for p in range(num_pages) if p not in read]

@@ -5,6 +5,7 @@ import torch
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels.reference import causal_conv1d, causal_conv1d_step, gdn_recurrence
+from vllm_gdn_neuron.model.gdn_cache import conv_state_view
 from vllm_gdn_neuron.ops.backends import vllm_cpu
 
 from .ops_testing import assert_matches, make_gdn_inputs
@@ -146,10 +147,11 @@ def test_vllm_cpu_paged_prefill_refuses_a_bf16_cache():
 
 
 def _conv_pages(pages, channels, width, gen):
-    """Random bf16 conv windows as vLLM binds them: views into larger per-block pages, other bytes around."""
+    """Random bf16 conv windows as vLLM binds them: views into larger per-block pages, other bytes around,
+    each page ``[K, C]`` (channel-fast) seen as the ops' ``[C, K]`` (``conv_state_view``)."""
     storage = torch.randn(pages, 7 + channels * width + 9, generator=gen).to(BF16)
-    cache = storage[:, 7:7 + channels * width].view(pages, channels, width)
-    assert not cache.is_contiguous()
+    cache = conv_state_view(storage[:, 7:7 + channels * width].view(pages, width, channels))
+    assert not cache.is_contiguous() and vllm_cpu.channel_fast(cache)
     return storage, cache
 
 
@@ -255,3 +257,29 @@ def test_vllm_cpu_paged_conv_reads_a_column_slice_of_the_projection(op, tokens):
         y_ref, window_ref = causal_conv1d_step(x, weight, before[pages], "silu")
         assert torch.equal(cache[pages].double(), window_ref)
     assert_matches(y, y_ref, BF16, "y")
+
+
+def test_vllm_cpu_conv_refuses_pages_that_are_not_channel_fast():
+    cache = torch.zeros(3, 64, 4, dtype=BF16)                                   # [P, C, K] contiguous: K-fast
+    with pytest.raises(ValueError, match=r"conv_cache: backend 'vllm_cpu' updates channel-fast conv pages.*"
+                                         r"got strides \(256, 4, 1\)"):
+        vllm_cpu.conv1d_decode_pages(torch.zeros(1, 64, dtype=BF16), torch.zeros(64, 4, dtype=BF16), cache,
+                                     torch.tensor([1]), torch.tensor([True]), "silu")
+    assert torch.equal(cache, torch.zeros_like(cache))
+
+
+def test_vllm_cpu_paged_conv_decode_on_k_fast_pages_runs_the_torch_math():
+    """A ``[P, C, K]`` cache with K fastest (not the shells' layout) still decodes right, on the torch math."""
+    gen = torch.Generator().manual_seed(11)
+    cache = torch.randn(4, 64, 4, generator=gen).to(BF16)
+    before = cache.clone()
+    x = torch.randn(2, 64, generator=gen).to(BF16)
+    weight = (0.5 * torch.randn(64, 4, generator=gen)).to(BF16)
+    pages = torch.tensor([3, 1])
+
+    y = vllm_cpu.paged_conv1d_decode(x, weight, cache, ops.DecodeStep.build(pages, pad_page=0))
+
+    y_ref, window_ref = causal_conv1d_step(x, weight, before[pages], "silu")
+    assert_matches(y, y_ref, BF16, "y")
+    assert torch.equal(cache[pages].double(), window_ref)
+    assert torch.equal(cache[[0, 2]], before[[0, 2]])

@@ -2,8 +2,10 @@
 
 One cache slot per sequence holds two states (see ``docs/gdn-math.md``):
 
-- the conv state ``[C, K]``: the last K raw (pre-conv) inputs of the q|k|v channels,
-  ``C = (2 * Hk * Dk + Hv * Dv) / tp``, K = ``linear_conv_kernel_dim``;
+- the conv state: the last K raw (pre-conv) inputs of the q|k|v channels,
+  ``C = (2 * Hk * Dk + Hv * Dv) / tp``, K = ``linear_conv_kernel_dim``, stored ``[K, C]``
+  (channel-fast: the layout vLLM's own GDN conv state has, and the one its CPU conv kernels
+  read in place); the ops take it as the ``[C, K]`` view :func:`conv_state_view` makes;
 - the recurrent state ``[Hv / tp, Dk, Dv]`` (K-major), float32 unless the user asks
   for another dtype with ``--mamba-ssm-cache-dtype`` (or the checkpoint's
   ``mamba_ssm_dtype``).
@@ -22,17 +24,22 @@ _SUPPORTED_SSM_DTYPES = ("auto", "float32", "bfloat16")
 
 
 def gdn_state_shapes(text_config, tp_size: int) -> tuple[tuple[int, int], tuple[int, int, int]]:
-    """The per-slot ``(conv_state, recurrent_state)`` shapes on one tensor-parallel rank.
+    """The per-slot ``(conv_state, recurrent_state)`` storage shapes on one tensor-parallel rank.
 
     Args:
         text_config: the Hugging Face text config (``linear_*`` fields).
         tp_size: tensor-parallel world size; must divide both head counts.
 
     Returns:
-        ``((C, K), (Hv_local, Dk, Dv))``.
+        ``((K, C), (Hv_local, Dk, Dv))``.
     """
     dims = GDNDims.from_config(text_config, tp_size)
-    return (dims.conv_dim, dims.conv_kernel), (dims.num_v_heads, dims.head_k_dim, dims.head_v_dim)
+    return (dims.conv_kernel, dims.conv_dim), (dims.num_v_heads, dims.head_k_dim, dims.head_v_dim)
+
+
+def conv_state_view(conv_pages: torch.Tensor) -> torch.Tensor:
+    """The ops' ``[P, C, K]`` view of conv state pages stored ``[P, K, C]`` (no copy: stride 1 along C)."""
+    return conv_pages.transpose(-1, -2)
 
 
 def gdn_state_dtypes(

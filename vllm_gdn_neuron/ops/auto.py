@@ -155,7 +155,8 @@ def _conv_tensors(shape, tokens, num_pages=2):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, shape.channels, generator=gen, dtype=F32).to(shape.dtype)
     weight = torch.randn(shape.channels, shape.width, generator=gen, dtype=F32).to(shape.weight_dtype)
-    cache = torch.zeros(num_pages, shape.channels, shape.width, dtype=shape.cache_dtype)
+    # the layers' conv pages: [P, K, C] seen as [P, C, K] (``model.gdn_cache.conv_state_view``)
+    cache = torch.zeros(num_pages, shape.width, shape.channels, dtype=shape.cache_dtype).transpose(1, 2)
     return x, weight, cache
 
 

@@ -10,7 +10,9 @@ construction of the layer's gating (``-exp(A_log) * softplus(.)``).
 
 Caches (page-major, one page per sequence; see ``vllm_gdn_neuron.ops.step`` for the metadata):
 
-- ``conv_cache [P, C, K]`` float32 or the activation dtype: the last K raw inputs, oldest first.
+- ``conv_cache [P, C, K]`` float32 or the activation dtype: the last K raw inputs, oldest first;
+  any strides (the shells pass the channel-fast view of ``[P, K, C]`` pages, which vLLM's CPU
+  conv kernels update in place: ``model.gdn_cache.conv_state_view``).
 - ``ssm_cache [P, Hv, Dk, Dv]`` float32 or bfloat16 (math in float32), K-major.
 
 Padding rows and sequences sit on the caller's pad page, whose content is unspecified: their

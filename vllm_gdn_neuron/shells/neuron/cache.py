@@ -7,14 +7,16 @@ layer's view is ``[P, page_elems]`` float32; one page holds one sequence's two s
 back to back, then padding:
 
 ```
-page = [ conv state [C, K] | recurrent state [Hv, Dk, Dv] | zeros up to the common page size ]
+page = [ conv state [K, C] | recurrent state [Hv, Dk, Dv] | zeros up to the common page size ]
 ```
 
 - conv state: the last K raw (pre-conv) inputs of the q | k | v channels, oldest first,
-  channel-major ``[C, K]`` (K wide: the column the next token pushes out is kept, so a
-  decode step is one shift + one dot). vLLM's own GDN layer and the runner's recurrent
-  layers use ``(K - 1, C)`` ("SD"); the runner does not look inside the page, so only the
-  declared shapes (``layers.gdn_cache.gdn_state_shapes``, shared with the vLLM shell) must agree with this layout, and they do.
+  channel-fast ``[K, C]`` as in the vLLM shell (``model.gdn_cache.gdn_state_shapes``; K
+  rows: the one the next token pushes out is kept, so a decode step is one shift + one dot).
+  vLLM's own GDN layer and the runner's recurrent layers use ``(K - 1, C)`` ("SD"); the
+  runner does not look inside the page, so only the declared shapes must agree with this
+  layout, and they do. :meth:`GDNPageLayout.split` hands the ops (and the NKI kernels) the
+  rows' conv states as contiguous ``[N, C, K]``, :meth:`GDNPageLayout.join` stores them back.
   The conv state is carried in float32 columns (a page-major view has one dtype); a bf16
   input is exact in float32, so nothing is rounded.
 - recurrent state: float32, K-major ``[Hv, Dk, Dv]``.
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
+from vllm_gdn_neuron.model.gdn_cache import conv_state_view, gdn_state_shapes
 
 STATE_DTYPE = torch.float32
 
@@ -50,7 +52,7 @@ class GDNPageLayout:
     """Offsets of the two states inside one float32 page row.
 
     Attributes:
-        conv_shape: ``(C, K)``.
+        conv_shape: ``(K, C)`` (channel-fast storage).
         ssm_shape: ``(Hv, Dk, Dv)``.
     """
 
@@ -85,14 +87,15 @@ class GDNPageLayout:
     def split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[N, page_elems]`` rows -> contiguous ``conv [N, C, K]`` and ``ssm [N, Hv, Dk, Dv]``."""
         n = rows.shape[0]
-        conv = rows[:, : self.conv_elems].reshape(n, *self.conv_shape).contiguous()
+        conv = conv_state_view(rows[:, : self.conv_elems].reshape(n, *self.conv_shape)).contiguous()
         ssm = rows[:, self.conv_elems : self.state_elems].reshape(n, *self.ssm_shape).contiguous()
         return conv, ssm
 
     def join(self, conv: torch.Tensor, ssm: torch.Tensor, page_elems: int) -> torch.Tensor:
-        """The inverse of :meth:`split`: whole ``[N, page_elems]`` float32 rows, zero-padded."""
+        """The inverse of :meth:`split` (``conv [N, C, K]`` stored ``[K, C]``): whole ``[N, page_elems]``
+        float32 rows, zero-padded."""
         n = conv.shape[0]
-        parts = [conv.reshape(n, -1).to(STATE_DTYPE), ssm.reshape(n, -1).to(STATE_DTYPE)]
+        parts = [conv.transpose(1, 2).reshape(n, -1).to(STATE_DTYPE), ssm.reshape(n, -1).to(STATE_DTYPE)]
         if page_elems > self.state_elems:
             parts.append(conv.new_zeros(n, page_elems - self.state_elems, dtype=STATE_DTYPE))
         return torch.cat(parts, dim=1)

@@ -5,8 +5,8 @@ shell); this module only adapts vLLM's pieces to it:
 
 - projections: vLLM's parallel linear layers (heads sharded over tensor-parallel ranks;
   each rank holds ``Hk / tp`` key heads and their ``Hv / tp`` value heads);
-- cache: ``self.kv_cache = (conv [blocks, C, K], ssm [blocks, Hv, Dk, Dv])``, one page
-  per block, block 0 being vLLM's null block (never a request's: the ops' pad page);
+- cache: ``self.kv_cache = (conv [blocks, K, C], ssm [blocks, Hv, Dk, Dv])``, one page
+  per block (the ops get the conv pages as their ``[blocks, C, K]`` view, ``conv_state_view``), block 0 being vLLM's null block (never a request's: the ops' pad page);
 - metadata: vLLM's ``GDNAttentionMetadata`` (decodes ordered before prefills) becomes
   ``ops.DecodeStep`` / ``ops.PrefillStep``, built and checked on the host once per step; with speculative decoding, its verify rows
   (``spec_*``: 1 + drafts tokens per request, one state page per draft position,
@@ -40,7 +40,7 @@ from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.phases import resolve_phases
-from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
+from vllm_gdn_neuron.model.gdn_cache import conv_state_view, gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
 from vllm_gdn_neuron.model.parameters import GDN_BA, GDN_QKVZ, rank_share
 from vllm_gdn_neuron.shells.vllm.step import EngineStep
@@ -152,7 +152,8 @@ class GatedDeltaNet(nn.Module, MambaBase):
         if metadata is None:  # vLLM's profiling run, before any cache exists
             core = qkv.new_zeros(num_tokens, dims.num_v_heads, dims.head_v_dim)
         else:
-            conv_cache, ssm_cache = cache
+            conv_pages, ssm_cache = cache
+            conv_cache = conv_state_view(conv_pages)
             parts = step.gdn_parts(metadata, conv_cache.shape[0], engine_step)
             if parts.order is not None:
                 qkv, a, b = (t.index_select(0, parts.order) for t in (qkv, a, b))
