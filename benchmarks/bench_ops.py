@@ -51,7 +51,7 @@ from vllm_gdn_neuron.model.gdn_cache import conv_state_view
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
 from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind
 from vllm_gdn_neuron.envs import GDN_BACKEND
-from vllm_gdn_neuron.ops.phases import resolve_phases
+from vllm_gdn_neuron.ops.phases import backend_module, resolve_phases
 from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
 
 try:
@@ -252,16 +252,17 @@ def bench_conv(phase, size, num_seqs, budget_s, max_rounds=20):
     indices = torch.arange(rows, dtype=torch.int32)
     if phase == "decode":
         step = ops.DecodeStep.build(pages, 0)
-        paged = lambda backend: ops.paged_conv1d_decode(x, weight, cache, step, backend=backend)  # noqa: E731
+        paged = lambda backend: backend_module(backend).paged_conv1d_decode(x, weight, cache, step)  # noqa: E731
         vllm = lambda: vllm_ops.causal_conv1d_update_cpu(x, windows, weight, None, True, indices, False)  # noqa: E731
     else:
         bounds = torch.linspace(0, size, num_seqs + 1).round().to(torch.int32)
         step = ops.PrefillStep.build(bounds, pages, torch.zeros(num_seqs, dtype=torch.bool), size, exact_plan=True)
-        paged = lambda backend: ops.paged_conv1d_prefill(x, weight, cache, step, backend=backend)  # noqa: E731
+        paged = lambda backend: backend_module(backend).paged_conv1d_prefill(x, weight, cache, step)  # noqa: E731
         vllm = lambda: vllm_ops.causal_conv1d_fwd_cpu(x.T, weight, None, windows, bounds, indices,  # noqa: E731
                                                       torch.zeros(num_seqs, dtype=torch.bool), True, False).T
     chosen = layer_choice(f"conv_{phase}", torch.bfloat16, *CONV_HEADS)
-    runs = {"ours": lambda: paged("torch"), "auto": lambda: paged(chosen), "per_call": lambda: paged("auto")}
+    # the paged ops have no per-call choice: a layer resolves its backend once, so per_call is auto
+    runs = {"ours": lambda: paged("torch"), "auto": lambda: paged(chosen), "per_call": lambda: paged(chosen)}
     if HAVE_VLLM and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported():
         runs["vllm_cpu"] = lambda: paged("vllm_cpu")
         runs["vllm"] = vllm
