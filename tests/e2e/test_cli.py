@@ -144,6 +144,8 @@ def test_a_folder_without_weights_is_refused(capsys, tmp_path, dense):
          "rope_parameters.rope_type must be 'default' \\(no scaling\\); got 'yarn'"),
         ({"rope_parameters": None, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
          "rope_parameters.rope_type must be 'default' \\(no scaling\\); got 'dynamic'"),
+        ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}},
+         "rope_parameters.rope_type must be 'default' \\(no scaling\\); got 'linear'"),
     ],
 )
 def test_an_unsupported_checkpoint_is_refused_in_one_line(capsys, tmp_path, dense, changes, message):

@@ -25,9 +25,11 @@ def check_rope_parameters(config) -> None:
     """Refuse a RoPE variant this module does not implement (only ``default`` is).
 
     Raises:
-        ValueError: naming ``rope_parameters.rope_type`` and the value given.
+        ValueError: naming ``rope_parameters.rope_type`` and the value given (read from the older
+            ``type`` key where ``rope_type`` is absent, as old ``rope_scaling`` dicts spell it).
     """
-    rope_type = text_rope_parameters(config).get("rope_type", "default")
+    parameters = text_rope_parameters(config)
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if rope_type != "default":
         raise ValueError(f"rope_parameters.rope_type must be 'default' (no scaling); got {rope_type!r}")
 
