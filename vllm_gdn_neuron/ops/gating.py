@@ -1,0 +1,53 @@
+"""The gating of Qwen3.5 / Qwen3-Next's GatedDeltaNet, and the recurrence phases that take it raw.
+
+Per token and value head the layer's gating is
+
+```
+g    = -exp(A_log) * softplus(a + dt_bias)   (<= 0, the log decay)
+beta = sigmoid(b)
+```
+
+from the token's projections ``a, b [T, Hv]`` and the layer's ``A_log, dt_bias [Hv]``. The
+paged recurrence ops take g and beta (``vllm_gdn_neuron.ops.paged``); a layer's recurrence
+phases (``vllm_gdn_neuron.ops.phases``) take the raw gating ``(a, b, A_log, dt_bias)``, so
+a backend whose kernel computes the gating itself (vLLM's fused decode and speculative-verify
+kernels) gets it as the model has it, and every other backend gets ``gdn_gates``' g and beta
+through :class:`GatesFirst`.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """``g = -exp(A_log) * softplus(a + dt_bias)`` (<= 0) and ``beta = sigmoid(b)``.
+
+    Args:
+        a, b: ``[N, Hv]`` projections, any float dtype.
+        A_log, dt_bias: ``[Hv]`` float32.
+
+    Returns:
+        ``(g, beta)``, both ``[N, Hv]`` float32.
+    """
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b.float())
+
+
+@dataclass(frozen=True)
+class GatesFirst:
+    """A recurrence phase on the raw gating, from a paged op ``op`` that takes g and beta.
+
+    Called as ``(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, **options)``: runs
+    ``op(q, k, v, g, beta, ssm_cache, step, **options)`` on ``gdn_gates``' g and beta.
+    Two wrap the same op equal each other (a layer's phases can be compared with what a
+    backend binds).
+    """
+
+    op: Callable
+
+    def __call__(self, q, k, v, a, b, A_log, dt_bias, ssm_cache, step, **options):
+        g, beta = gdn_gates(a, b, A_log, dt_bias)
+        return self.op(q, k, v, g, beta, ssm_cache, step, **options)
