@@ -82,9 +82,9 @@ def gdn_mix(
         if step is None:
             continue
         stop = start + size
-        q, k, v = dims.split_heads(conv_op(qkv[start:stop], conv_weight, caches.conv, step))
-        parts.append(gdn_op(q, k, v, a[start:stop], b[start:stop], A_log, dt_bias, caches.ssm, step,
-                            use_qk_l2norm=True))
+        x, a_part, b_part = (t if (start, stop) == (0, t.shape[0]) else t[start:stop] for t in (qkv, a, b))
+        q, k, v = dims.split_heads(conv_op(x, conv_weight, caches.conv, step))
+        parts.append(gdn_op(q, k, v, a_part, b_part, A_log, dt_bias, caches.ssm, step, use_qk_l2norm=True))
         start = stop
     rest = qkv.shape[0] - start
     if rest or not parts:

@@ -32,8 +32,14 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     Returns:
         ``(g, beta)``, both ``[N, Hv]`` float32.
     """
-    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
-    return g, torch.sigmoid(b.float())
+    g = -torch.exp(_float32(A_log)) * F.softplus(_float32(a) + _float32(dt_bias))
+    return g, torch.sigmoid(_float32(b))
+
+
+def _float32(x):
+    """``x`` in float32, without a dispatched op where it already is (the layer's A_log and
+    dt_bias: this runs per layer call)."""
+    return x if x.dtype == torch.float32 else x.float()
 
 
 @dataclass(frozen=True)

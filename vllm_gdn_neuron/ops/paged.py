@@ -230,10 +230,9 @@ def decode_in_place(step_fn, per_row, ssm_cache, step, scale, use_qk_l2norm):
 
     ``per_row`` holds the ``[N, ...]`` inputs, q, k, v first (then g and beta, or the raw
     gating's a and b). The backends take distinct pages, so padding rows (which share the pad
-    page) are left out; whether there are any is one host read of ``[N]`` booleans, done only
-    eagerly.
+    page) are left out; whether there are any is ``step.all_real``, one host read per step.
     """
-    if bool(step.is_real.all()):
+    if step.all_real:
         return step_fn(*per_row, ssm_cache, step.pages, scale, use_qk_l2norm)
     real, v = step.is_real, per_row[2]
     o = v.new_zeros(v.shape)

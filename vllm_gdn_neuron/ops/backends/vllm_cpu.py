@@ -201,10 +201,16 @@ def _neutral_gating(num_v_heads, dtype, device):
     return torch.zeros(num_v_heads, device=device), torch.zeros(num_v_heads, dtype=dtype, device=device)
 
 
+def _as(x, dtype):
+    """``x`` in ``dtype``, without a dispatched op where it already is."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _kernel_gating(q, a, b, A_log, dt_bias):
     """The raw gating as the fused kernels read it: a, b and dt_bias in q's dtype, a and b packed
     (they may be column slices of the layer's projection), A_log float32."""
-    return (A_log.float(), dt_bias.to(q.dtype), a.to(q.dtype).contiguous(), b.to(q.dtype).contiguous())
+    return (_as(A_log, torch.float32), _as(dt_bias, q.dtype), _as(a, q.dtype).contiguous(),
+            _as(b, q.dtype).contiguous())
 
 
 @functools.cache
@@ -400,7 +406,8 @@ def conv1d_decode_pages(x, weight, conv_cache, pages, is_real, activation):
         x: ``[N, C]`` bfloat16; weight: ``[C, 4]`` bfloat16, C a multiple of 32.
         conv_cache: ``[P, C, 4]`` bfloat16, channel-fast (``channel_fast``); pages ``pages`` are rewritten.
         pages: ``[N]`` int page of each row (padding rows share the caller's pad page).
-        is_real: ``[N]`` bool, the row carries a request (else its output is zero).
+        is_real: ``[N]`` bool, the row carries a request (else its output is zero); None where
+            every row does (``DecodeStep.all_real``: no host read here).
         activation: ``"silu"`` or None.
 
     Returns:
@@ -412,7 +419,7 @@ def conv1d_decode_pages(x, weight, conv_cache, pages, is_real, activation):
         x=_packed(x), conv_states=conv_cache[:, :, 1:], weight=weight.contiguous(), bias=None,
         silu_activation=activation == "silu", conv_state_indices=pages.to(torch.int32), is_weight_packed=False)
     conv_cache[:, :, 0].index_copy_(0, pages, oldest)
-    return y if bool(is_real.all()) else torch.where(is_real[:, None], y, 0.0)
+    return y if is_real is None or bool(is_real.all()) else torch.where(is_real[:, None], y, 0.0)
 
 
 # --- the paged ops (``ops.paged``'s signatures), eager on CPU ---------------------------
@@ -431,7 +438,7 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
         return paged.paged_conv1d_decode(x, weight, conv_cache, step, activation=activation)
     paged.check_step_kind(step, DecodeStep)
     paged.check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
-    return conv1d_decode_pages(x, weight, conv_cache, step.pages, step.is_real, activation)
+    return conv1d_decode_pages(x, weight, conv_cache, step.pages, None if step.all_real else step.is_real, activation)
 
 
 def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
