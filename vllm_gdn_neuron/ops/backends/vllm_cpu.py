@@ -341,9 +341,14 @@ def _packed(x):
     """``x [T, C]`` with the strides of a packed row-major tensor, ``(C, 1)``, copied only if needed.
 
     ``contiguous()`` is not enough: it keeps the row stride of a single-row slice of a wider
-    projection, and vLLM's conv kernels check the strides themselves ("expect x to be transposed").
+    projection, and vLLM's conv kernels check the strides themselves ("expect x to be transposed");
+    such a row is restrided in place of a copy.
     """
-    return x if x.stride() == (x.shape[1], 1) else x.new_empty(x.shape).copy_(x)
+    if x.stride() == (x.shape[1], 1):
+        return x
+    if x.shape[0] == 1 and x.stride(1) == 1:  # one row (a decode step of one): the same bytes, restrided
+        return x.as_strided(x.shape, (x.shape[1], 1))
+    return x.new_empty(x.shape).copy_(x)
 
 
 def _oldest_after(x, conv_cache, query_start_loc, pages):
