@@ -16,8 +16,9 @@ core [T, Hv, Dv] --GatedRMSNorm(z)--> (the shell's out_proj)
 The recurrences, the conv and the cache reads / writes are the layer's phases
 (``vllm_gdn_neuron.ops.phases``); this module only splits heads and routes each part's tokens
 and raw gating ``(a, b, A_log, dt_bias)`` to its phases, which compute the gates
-(``vllm_gdn_neuron.ops.gating``) or hand them to a kernel that does. The shells adapt their engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep`` and
-their cache into ``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
+(``vllm_gdn_neuron.ops.gating``) or hand them to a kernel that does. The shells adapt their
+engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep`` and their cache into
+``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
 """
 
 from dataclasses import dataclass
