@@ -143,7 +143,7 @@ def test_the_start_up_measurement_times_both_backends_on_the_shape(request, monk
     if phase.startswith("conv"):
         request.getfixturevalue("fresh_with_conv")
     in_place = {"conv_prefill": "conv1d_prefill_pages", "conv_decode": "conv1d_decode_pages",
-                "gdn_prefill": "gdn_prefill_pages", "gdn_decode": "gdn_decode"}[phase]
+                "gdn_prefill": "gdn_prefill_pages", "gdn_decode": "fused_decode"}[phase]
     kernel_calls = []
     real = getattr(vllm_cpu, in_place)
     monkeypatch.setattr(vllm_cpu, in_place, lambda *args: kernel_calls.append(1) or real(*args))

@@ -12,7 +12,8 @@ paged recurrence ops take g and beta (``vllm_gdn_neuron.ops.paged``); a layer's 
 phases (``vllm_gdn_neuron.ops.phases``) take the raw gating ``(a, b, A_log, dt_bias)``, so
 a backend whose kernel computes the gating itself (vLLM's fused decode and speculative-verify
 kernels) gets it as the model has it, and every other backend gets ``gdn_gates``' g and beta
-through :class:`GatesFirst`.
+through :class:`GatesFirst` (``recurrence_op``: the one statement of that rule, for the layers'
+phases and ``auto``'s start-up timing).
 """
 
 from dataclasses import dataclass
@@ -57,3 +58,20 @@ class GatesFirst:
     def __call__(self, q, k, v, a, b, A_log, dt_bias, ssm_cache, step, **options):
         g, beta = gdn_gates(a, b, A_log, dt_bias)
         return self.op(q, k, v, g, beta, ssm_cache, step, **options)
+
+
+#: a paged recurrence op's name -> the name of a backend's op of the same phase that takes the
+#: raw gating ``(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, *, scale, use_qk_l2norm)``.
+#: Prefill has none: vLLM's chunked CPU kernel takes g and beta.
+RAW_GATING_OPS = {"paged_gdn_decode": "paged_gdn_decode_raw_gating",
+                  "paged_gdn_verify": "paged_gdn_verify_raw_gating"}
+
+
+def recurrence_op(module, paged_op: str) -> Callable:
+    """The recurrence phase of paged op ``paged_op`` (``"paged_gdn_decode"``, ...) on backend
+    ``module``, called with the raw gating: the backend's raw-gating op where it has one
+    (``RAW_GATING_OPS``), else its paged op behind ``GatesFirst``."""
+    raw = RAW_GATING_OPS.get(paged_op)
+    if raw is not None and hasattr(module, raw):
+        return getattr(module, raw)
+    return GatesFirst(getattr(module, paged_op))

@@ -10,8 +10,8 @@ environment or chooses again.
 
 The recurrence phases take the layer's raw gating ``(a, b, A_log, dt_bias)`` in place of the
 paged ops' g and beta (``vllm_gdn_neuron.ops.gating``): a backend with a raw-gating op for the
-phase (``RAW_GATING_OPS``: vLLM's fused decode and speculative-verify kernels, which compute
-the gating themselves) is bound to it; any other backend's paged op is bound behind
+phase (``gating.RAW_GATING_OPS``: vLLM's fused decode and speculative-verify kernels, which
+compute the gating themselves) is bound to it; any other backend's paged op is bound behind
 ``gating.GatesFirst``, which computes g and beta first (``gdn_gates``).
 
 The choice, by ``VLLM_GDN_BACKEND`` (read once per layer, ``vllm_gdn_neuron.envs``):
@@ -35,7 +35,7 @@ from vllm_gdn_neuron import envs
 
 from . import auto, paged
 from .auto import ConvShape, GdnShape
-from .gating import GatesFirst
+from .gating import recurrence_op
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
 
@@ -50,11 +50,6 @@ PAGED_OPS = {
 }
 #: The recurrence phases: a layer calls them with the raw gating (``vllm_gdn_neuron.ops.gating``).
 RECURRENCE_PHASES = ("gdn_prefill", "gdn_decode", "gdn_verify")
-#: recurrence phase -> the name of a backend's paged op that takes the raw gating
-#: ``(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, *, scale, use_qk_l2norm)``, bound in
-#: preference to the phase's ``PAGED_OPS`` op where the backend has one. Prefill has none:
-#: vLLM's chunked CPU kernel takes g and beta.
-RAW_GATING_OPS = {"gdn_decode": "paged_gdn_decode_raw_gating", "gdn_verify": "paged_gdn_verify_raw_gating"}
 #: The phase of ``auto``'s rules (``auto.PHASES``) whose choice a verify phase takes: the decode
 #: phase's for the recurrence (its kernel has a speculative variant with the same per-token
 #: update); verify rows' conv has the torch math only.
@@ -78,14 +73,11 @@ def backend_module(name: str):
 
 def phase_op(module, phase: str) -> Callable:
     """What a layer calls for ``phase`` on backend ``module``: its paged op for a conv phase; for
-    a recurrence phase its raw-gating op (``RAW_GATING_OPS``), else its paged op behind
-    ``GatesFirst``."""
-    if phase not in RECURRENCE_PHASES:
-        return getattr(module, PAGED_OPS[phase])
-    raw = RAW_GATING_OPS.get(phase)
-    if raw is not None and hasattr(module, raw):
-        return getattr(module, raw)
-    return GatesFirst(getattr(module, PAGED_OPS[phase]))
+    a recurrence phase ``gating.recurrence_op`` (its raw-gating op, else its paged op behind
+    ``GatesFirst``)."""
+    if phase in RECURRENCE_PHASES:
+        return recurrence_op(module, PAGED_OPS[phase])
+    return getattr(module, PAGED_OPS[phase])
 
 
 @dataclass(frozen=True)
