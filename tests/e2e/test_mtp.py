@@ -215,8 +215,8 @@ def test_bf16_verify_on_vllms_kernel_follows_transformers(tmp_path, monkeypatch)
     from vllm_gdn_neuron.ops.backends import vllm_cpu
 
     kernel_calls = []
-    real = vllm_cpu.gdn_verify_pages
-    monkeypatch.setattr(vllm_cpu, "gdn_verify_pages", lambda *args: kernel_calls.append(1) or real(*args))
+    real = vllm_cpu.fused_verify_pages
+    monkeypatch.setattr(vllm_cpu, "fused_verify_pages", lambda *args: kernel_calls.append(1) or real(*args))
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = [tokenizer(text)["input_ids"] for text in

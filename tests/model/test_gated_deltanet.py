@@ -14,9 +14,10 @@ import torch
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.kernels import reference
-from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_gates, gdn_mix
+from vllm_gdn_neuron.model.gated_deltanet import GDNCaches, GDNDims, gdn_mix
 from vllm_gdn_neuron.model.gdn_cache import conv_state_view
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
+from vllm_gdn_neuron.ops.gating import gdn_gates
 from vllm_gdn_neuron.ops.phases import resolve_phases
 
 TOLERANCE = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron.ops import auto, cpu_isa, dispatch, paged, phases
+from vllm_gdn_neuron.ops.gating import GatesFirst
 
 AMX = frozenset({"sse4_2", "avx2", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
 AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16"})   # AMD Zen 4, this project's CPU
@@ -142,7 +143,7 @@ def test_the_start_up_measurement_times_both_backends_on_the_shape(request, monk
     if phase.startswith("conv"):
         request.getfixturevalue("fresh_with_conv")
     in_place = {"conv_prefill": "conv1d_prefill_pages", "conv_decode": "conv1d_decode_pages",
-                "gdn_prefill": "gdn_prefill_pages", "gdn_decode": "gdn_decode"}[phase]
+                "gdn_prefill": "gdn_prefill_pages", "gdn_decode": "fused_decode"}[phase]
     kernel_calls = []
     real = getattr(vllm_cpu, in_place)
     monkeypatch.setattr(vllm_cpu, in_place, lambda *args: kernel_calls.append(1) or real(*args))
@@ -165,7 +166,7 @@ def test_a_layer_chooses_once_and_logs_once(monkeypatch, fresh_with_conv, caplog
                for layer in layers)
     from vllm_gdn_neuron.ops.backends import vllm_cpu
 
-    assert layers[0].gdn_decode is vllm_cpu.paged_gdn_decode and layers[0].conv_prefill is vllm_cpu.paged_conv1d_prefill
+    assert layers[0].gdn_decode is vllm_cpu.paged_gdn_decode_raw_gating and layers[0].conv_prefill is vllm_cpu.paged_conv1d_prefill
 
 
 def test_an_avx2_layer_runs_prefill_on_torch_and_times_decode(monkeypatch, fresh):
@@ -178,13 +179,21 @@ def test_an_avx2_layer_runs_prefill_on_torch_and_times_decode(monkeypatch, fresh
     assert chosen.backends["gdn_verify"] == "vllm_cpu"
 
 
+def _verify_phase(backend):
+    """What a layer binds for verify rows on ``backend``: vLLM's speculative decode on the raw
+    gating, or the torch paged op behind ``gdn_gates``."""
+    if backend == "vllm_cpu":
+        return phases.backend_module("vllm_cpu").paged_gdn_verify_raw_gating
+    return GatesFirst(phases.backend_module(backend).paged_gdn_verify)
+
+
 @pytest.mark.parametrize("decode_backend", ["torch", "vllm_cpu"])
 def test_verify_rows_take_the_decode_phase_backend(monkeypatch, fresh, decode_backend):
     monkeypatch.setattr(auto, "choose", lambda phase, shape: auto.Choice(
         decode_backend if phase == "gdn_decode" else "torch", "test"))
     chosen = phases.resolve_phases(GDN, CONV, "cpu")
     assert chosen.backends["gdn_verify"] == decode_backend
-    assert chosen.gdn_verify is phases.backend_module(decode_backend).paged_gdn_verify
+    assert chosen.gdn_verify == _verify_phase(decode_backend)
     assert chosen.conv_verify is paged.paged_conv1d_verify
 
 
@@ -193,7 +202,7 @@ def test_verify_rows_follow_an_overriding_backend_where_it_has_the_op(monkeypatc
     monkeypatch.setenv(dispatch.ENV_VAR, env)
     chosen = phases.resolve_phases(GDN, CONV, "cpu")
     assert chosen.backends["gdn_verify"] == verify
-    assert chosen.gdn_verify is phases.backend_module(verify).paged_gdn_verify
+    assert chosen.gdn_verify == _verify_phase(verify)
 
 
 def test_the_layer_keeps_its_choice_whatever_the_environment_says_later(monkeypatch, fresh_with_conv):
@@ -227,7 +236,7 @@ def test_the_environment_overrides_the_layers_choice(monkeypatch, fresh_with_con
     monkeypatch.setenv(dispatch.ENV_VAR, env)
     chosen = phases.resolve_phases(GDN, CONV, "cpu")
     assert chosen.backends == OVERRIDDEN[env]
-    assert all(getattr(chosen, phase) is getattr(phases.backend_module(name), phases.PAGED_OPS[phase])
+    assert all(getattr(chosen, phase) == phases.phase_op(phases.backend_module(name), phase)
                for phase, name in chosen.backends.items())
     if env != "auto":
         assert all(chosen.reasons[phase] == f"VLLM_GDN_BACKEND={env}" for phase in phases.PHASES

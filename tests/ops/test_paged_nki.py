@@ -127,6 +127,7 @@ def test_a_bfloat16_state_cache_is_served_through_float32():
 def test_the_neuron_shells_phases_follow_the_backend_choice(monkeypatch, env, expected):
     """Off a Neuron SDK, ``auto`` is torch for a Neuron layer; ``nki`` binds the kernels' paged ops."""
     from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
+    from vllm_gdn_neuron.ops.gating import GatesFirst
     from vllm_gdn_neuron.ops.phases import resolve_phases
 
     monkeypatch.setenv("VLLM_GDN_BACKEND", env)
@@ -134,4 +135,4 @@ def test_the_neuron_shells_phases_follow_the_backend_choice(monkeypatch, env, ex
                             ConvShape(torch.float32, torch.float32, torch.float32, 48, 4, "silu"), "neuron")
     assert chosen.backends["gdn_decode"] == chosen.backends["conv_prefill"] == expected
     module = paged_nki if expected == "nki" else ops
-    assert chosen.gdn_decode is module.paged_gdn_decode and chosen.conv_prefill is module.paged_conv1d_prefill
+    assert chosen.gdn_decode == GatesFirst(module.paged_gdn_decode) and chosen.conv_prefill is module.paged_conv1d_prefill

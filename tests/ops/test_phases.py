@@ -10,6 +10,7 @@ import torch
 
 from vllm_gdn_neuron.ops import auto, paged, phases
 from vllm_gdn_neuron.ops.auto import ConvShape, GdnShape
+from vllm_gdn_neuron.ops.gating import GatesFirst
 
 AMX_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
 BF16 = torch.bfloat16
@@ -56,7 +57,11 @@ def test_gdn_phases_take_vllm_cpu_where_it_runs(monkeypatch, measured, phase, dt
         chosen = _resolved(monkeypatch, env, gdn=gdn)
         assert chosen.backends[phase] == ("vllm_cpu" if expected else "torch"), env
         module = vllm_cpu if expected else paged
-        assert getattr(chosen, phase) is getattr(module, phases.PAGED_OPS[phase]), env
+        assert getattr(chosen, phase) == phases.phase_op(module, phase), env
+        if expected and phase == "gdn_decode":  # vLLM's fused decode, on the raw gating
+            assert chosen.gdn_decode is vllm_cpu.paged_gdn_decode_raw_gating, env
+        else:  # the paged op on gdn_gates' g and beta
+            assert getattr(chosen, phase) == GatesFirst(getattr(module, phases.PAGED_OPS[phase])), env
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -101,4 +106,8 @@ def test_an_unknown_backend_module_is_refused():
 
 
 def test_the_torch_phases_are_the_paged_torch_ops():
-    assert all(getattr(phases.TORCH_PHASES, phase) is getattr(paged, op) for phase, op in phases.PAGED_OPS.items())
+    assert all(getattr(phases.TORCH_PHASES, phase) == phases.phase_op(paged, phase) for phase in phases.PHASES)
+    assert all(getattr(phases.TORCH_PHASES, phase) is getattr(paged, phases.PAGED_OPS[phase])
+               for phase in phases.PHASES if phase not in phases.RECURRENCE_PHASES)
+    assert all(getattr(phases.TORCH_PHASES, phase) == GatesFirst(getattr(paged, phases.PAGED_OPS[phase]))
+               for phase in phases.RECURRENCE_PHASES)

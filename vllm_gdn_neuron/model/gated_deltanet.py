@@ -13,34 +13,21 @@ qkv [T, C], a, b [T, Hv]  (projected by the shell)
 core [T, Hv, Dv] --GatedRMSNorm(z)--> (the shell's out_proj)
 ```
 
-The recurrences, the conv and the cache reads / writes are the trace-safe paged ops of
-``vllm_gdn_neuron.ops``; this module only splits heads and computes the gates. The
-shells adapt their engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep`` and
-their cache into ``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
+The recurrences, the conv and the cache reads / writes are the layer's phases
+(``vllm_gdn_neuron.ops.phases``); this module only splits heads and routes each part's tokens
+and raw gating ``(a, b, A_log, dt_bias)`` to its phases, which compute the gates
+(``vllm_gdn_neuron.ops.gating``) or hand them to a kernel that does. The shells adapt their
+engine's metadata into ``ops.DecodeStep`` / ``ops.PrefillStep`` and their cache into
+``[P, C, K]`` conv and ``[P, Hv, Dk, Dv]`` recurrent pages.
 """
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from vllm_gdn_neuron import ops
 from vllm_gdn_neuron.model.dims import GDNDims
 from vllm_gdn_neuron.ops.phases import TORCH_PHASES, GDNPhases
-
-
-def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
-    """``g = -exp(A_log) * softplus(a + dt_bias)`` (<= 0) and ``beta = sigmoid(b)``.
-
-    Args:
-        a, b: ``[N, Hv]`` projections, any float dtype.
-        A_log, dt_bias: ``[Hv]`` float32.
-
-    Returns:
-        ``(g, beta)``, both ``[N, Hv]`` float32.
-    """
-    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
-    return g, torch.sigmoid(b.float())
 
 
 @dataclass
@@ -96,9 +83,9 @@ def gdn_mix(
         if step is None:
             continue
         stop = start + size
-        g, beta = gdn_gates(a[start:stop], b[start:stop], A_log, dt_bias)
-        q, k, v = dims.split_heads(conv_op(qkv[start:stop], conv_weight, caches.conv, step))
-        parts.append(gdn_op(q, k, v, g, beta, caches.ssm, step, use_qk_l2norm=True))
+        x, a_part, b_part = (t if (start, stop) == (0, t.shape[0]) else t[start:stop] for t in (qkv, a, b))
+        q, k, v = dims.split_heads(conv_op(x, conv_weight, caches.conv, step))
+        parts.append(gdn_op(q, k, v, a_part, b_part, A_log, dt_bias, caches.ssm, step, use_qk_l2norm=True))
         start = stop
     rest = qkv.shape[0] - start
     if rest or not parts:

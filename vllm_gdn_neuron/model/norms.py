@@ -10,6 +10,8 @@ Every output element is computed from the same values in the same order either w
 results are bit for bit the same.
 """
 
+import math
+
 import torch
 from torch import nn
 
@@ -31,7 +33,7 @@ def in_row_blocks(fn, x: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
         ``fn(x, *others)``. Traced, or off the CPU, or for a step of one block, ``fn`` runs
         once on the whole tensors.
     """
-    row = max(1, x[0].numel()) if x.shape[0] else 1
+    row = max(1, math.prod(x.shape[1:]))  # from the shape: x[0].numel() would dispatch an op per call
     rows = max(1, CPU_BLOCK_ELEMENTS // row)
     if torch.compiler.is_compiling() or x.device.type != "cpu" or x.shape[0] <= rows:
         return fn(x, *others)

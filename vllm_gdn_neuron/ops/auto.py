@@ -165,17 +165,21 @@ def _gdn_tensors(shape, tokens, num_pages=2):
     q = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen, dtype=F32).to(shape.dtype)
     k = torch.randn(tokens, shape.num_k_heads, shape.head_k_dim, generator=gen, dtype=F32).to(shape.dtype)
     v = torch.randn(tokens, shape.num_v_heads, shape.head_v_dim, generator=gen, dtype=F32).to(shape.dtype)
-    g = -torch.rand(tokens, shape.num_v_heads, generator=gen, dtype=F32)
-    beta = torch.rand(tokens, shape.num_v_heads, generator=gen, dtype=F32)
+    a = torch.randn(tokens, shape.num_v_heads, generator=gen, dtype=F32).to(shape.dtype)
+    b = torch.randn(tokens, shape.num_v_heads, generator=gen, dtype=F32).to(shape.dtype)
+    A_log = torch.rand(shape.num_v_heads, generator=gen, dtype=F32)
+    dt_bias = torch.randn(shape.num_v_heads, generator=gen, dtype=F32)
     cache = torch.zeros(num_pages, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim, dtype=shape.ssm_dtype)
-    return q, k, v, g, beta, cache
+    return q, k, v, (a, b, A_log, dt_bias), cache
 
 
 def _phase_call(phase, shape):
-    """``run(backend)``: the paged op of ``phase`` on one fresh sequence of ``MEASURE_TOKENS``
-    tokens on page 1, or ``MEASURE_DECODE_ROWS`` decode rows on pages 1, 2, ... (page 0 spare)."""
+    """``run(backend)``: ``phase`` as a layer runs it (a recurrence on the raw gating,
+    ``gating.recurrence_op``) on one fresh sequence of ``MEASURE_TOKENS`` tokens on page 1, or
+    ``MEASURE_DECODE_ROWS`` decode rows on pages 1, 2, ... (page 0 spare)."""
     from . import paged
     from .backends import vllm_cpu
+    from .gating import recurrence_op
     from .step import DecodeStep, PrefillStep
 
     modules = {"torch": paged, "vllm_cpu": vllm_cpu}
@@ -192,9 +196,9 @@ def _phase_call(phase, shape):
     if phase.startswith("conv"):
         x, weight, cache = _conv_tensors(shape, tokens, step.pages.numel() + 1)
         return lambda backend: getattr(modules[backend], op_name)(x, weight, cache, step, activation=shape.activation)
-    q, k, v, g, beta, cache = _gdn_tensors(shape, tokens, step.pages.numel() + 1)
-    return lambda backend: getattr(modules[backend], op_name)(q, k, v, g, beta, cache, step, scale=shape.scale,
-                                                              use_qk_l2norm=True)
+    q, k, v, gating, cache = _gdn_tensors(shape, tokens, step.pages.numel() + 1)
+    return lambda backend: recurrence_op(modules[backend], op_name)(q, k, v, *gating, cache, step, scale=shape.scale,
+                                                                    use_qk_l2norm=True)
 
 
 def time_candidates(phase: str, shape) -> dict:

@@ -65,6 +65,19 @@ def check_gdn(q, k, v, g, beta, ssm_cache, rows_label, rows):
     return dim_k
 
 
+def check_gdn_raw_gating(q, k, v, a, b, A_log, dt_bias, ssm_cache, rows_label, rows):
+    """``check_gdn`` for a phase on the raw gating (``vllm_gdn_neuron.ops.gating``): a, b
+    ``[rows, Hv]``, A_log, dt_bias ``[Hv]``, any float dtype."""
+    _, _, dim_k, num_v_heads, dim_v = check_qkv(q, k, v, rows_label, rows)
+    for name, x in (("a", a), ("b", b)):
+        check_tensor(name, x, ((rows_label, rows), ("Hv", num_v_heads)), ACTIVATION_DTYPES)
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, x, (("Hv", num_v_heads),), ACTIVATION_DTYPES)
+    check_tensor("ssm_cache", ssm_cache, (("P", None), ("Hv", num_v_heads), ("Dk", dim_k), ("Dv", dim_v)),
+                 SSM_CACHE_DTYPES)
+    return dim_k
+
+
 def _activate(y, activation):
     return F.silu(y) if activation == "silu" else y
 
@@ -171,7 +184,7 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     dim_k = check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
     scale = resolve_scale(scale, dim_k)
     if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
-        return decode_in_place(recurrent.gdn_decode, q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm))
+        return decode_in_place(recurrent.gdn_decode, (q, k, v, g, beta), ssm_cache, step, scale, bool(use_qk_l2norm))
     state = ssm_cache.index_select(0, step.pages).float()
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
     o, new = _gdn_step(state, q, k, v, g, beta)
@@ -211,19 +224,19 @@ def _gdn_advance(state, k_q, decay, kq, v, beta):
     return o, new
 
 
-def decode_in_place(step_fn, q, k, v, g, beta, ssm_cache, step, scale, use_qk_l2norm):
-    """Eager decode through ``step_fn`` (a backend's ``gdn_decode``), which updates the pages
-    where they are.
+def decode_in_place(step_fn, per_row, ssm_cache, step, scale, use_qk_l2norm):
+    """Eager decode through ``step_fn(*per_row, ssm_cache, pages, scale, use_qk_l2norm)`` (a
+    backend's decode), which updates the pages where they are.
 
-    The backends take distinct pages, so padding rows (which share the pad page) are left out;
-    whether there are any is one host read of ``[N]`` booleans, done only eagerly.
+    ``per_row`` holds the ``[N, ...]`` inputs, q, k, v first (then g and beta, or the raw
+    gating's a and b). The backends take distinct pages, so padding rows (which share the pad
+    page) are left out; whether there are any is ``step.all_real``, one host read per step.
     """
-    if bool(step.is_real.all()):
-        return step_fn(q, k, v, g, beta, ssm_cache, step.pages, scale, use_qk_l2norm)
-    real = step.is_real
+    if step.all_real:
+        return step_fn(*per_row, ssm_cache, step.pages, scale, use_qk_l2norm)
+    real, v = step.is_real, per_row[2]
     o = v.new_zeros(v.shape)
-    o[real] = step_fn(q[real], k[real], v[real], g[real], beta[real], ssm_cache, step.pages[real],
-                                   scale, use_qk_l2norm)
+    o[real] = step_fn(*(t[real] for t in per_row), ssm_cache, step.pages[real], scale, use_qk_l2norm)
     return o
 
 

@@ -8,6 +8,12 @@ decode rows and verify rows (``PHASES``). Each backend provides the paged ops of
 (:class:`GDNPhases`), which the layer hands to ``gdn_mix`` at every call: no call reads the
 environment or chooses again.
 
+The recurrence phases take the layer's raw gating ``(a, b, A_log, dt_bias)`` in place of the
+paged ops' g and beta (``vllm_gdn_neuron.ops.gating``): a backend with a raw-gating op for the
+phase (``gating.RAW_GATING_OPS``: vLLM's fused decode and speculative-verify kernels, which
+compute the gating themselves) is bound to it; any other backend's paged op is bound behind
+``gating.GatesFirst``, which computes g and beta first (``gdn_gates``).
+
 The choice, by ``VLLM_GDN_BACKEND`` (read once per layer, ``vllm_gdn_neuron.envs``):
 
 - ``torch``: the trace-safe torch math (``ops.paged``) for every phase.
@@ -29,6 +35,7 @@ from vllm_gdn_neuron import envs
 
 from . import auto, paged
 from .auto import ConvShape, GdnShape
+from .gating import recurrence_op
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
 
@@ -41,6 +48,8 @@ PAGED_OPS = {
     "conv_verify": "paged_conv1d_verify", "gdn_prefill": "paged_gdn_prefill",
     "gdn_decode": "paged_gdn_decode", "gdn_verify": "paged_gdn_verify",
 }
+#: The recurrence phases: a layer calls them with the raw gating (``vllm_gdn_neuron.ops.gating``).
+RECURRENCE_PHASES = ("gdn_prefill", "gdn_decode", "gdn_verify")
 #: The phase of ``auto``'s rules (``auto.PHASES``) whose choice a verify phase takes: the decode
 #: phase's for the recurrence (its kernel has a speculative variant with the same per-token
 #: update); verify rows' conv has the torch math only.
@@ -62,14 +71,24 @@ def backend_module(name: str):
     raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
 
 
+def phase_op(module, phase: str) -> Callable:
+    """What a layer calls for ``phase`` on backend ``module``: its paged op for a conv phase; for
+    a recurrence phase ``gating.recurrence_op`` (its raw-gating op, else its paged op behind
+    ``GatesFirst``)."""
+    if phase in RECURRENCE_PHASES:
+        return recurrence_op(module, PAGED_OPS[phase])
+    return getattr(module, PAGED_OPS[phase])
+
+
 @dataclass(frozen=True)
 class GDNPhases:
-    """The paged op of each phase of one GDN layer, and the backend behind it.
+    """The op of each phase of one GDN layer (``phase_op``), and the backend behind it.
 
     Attributes:
         conv_prefill, conv_decode, conv_verify: ``(x, weight, conv_cache, step, *, activation)``.
         gdn_prefill, gdn_decode, gdn_verify:
-            ``(q, k, v, g, beta, ssm_cache, step, *, scale, use_qk_l2norm)``.
+            ``(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, *, scale, use_qk_l2norm)``: the
+            raw gating (``vllm_gdn_neuron.ops.gating``).
         backends: phase -> backend name; reasons: phase -> why that backend.
     """
 
@@ -88,7 +107,7 @@ class GDNPhases:
         phase's op leaves that phase on torch."""
         backends = {phase: name if hasattr(backend_module(name), PAGED_OPS[phase]) else "torch"
                     for phase, name in backends.items()}
-        ops = {phase: getattr(backend_module(name), PAGED_OPS[phase]) for phase, name in backends.items()}
+        ops = {phase: phase_op(backend_module(name), phase) for phase, name in backends.items()}
         return cls(**ops, backends=backends, reasons=reasons)
 
     def describe(self) -> str:

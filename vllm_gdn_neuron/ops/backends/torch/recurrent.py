@@ -12,7 +12,7 @@ read every row from memory twice.
 
 import torch
 
-from .common import prepare_qk
+from .common import prepare_kq
 
 
 def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
@@ -20,21 +20,25 @@ def gdn_decode(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm):
     rows, num_k_heads, dim_k = q.shape
     num_v_heads, dim_v = v.shape[1:]
     group = num_v_heads // num_k_heads
-    q, k = prepare_qk(q, k, scale, use_qk_l2norm)
     # [N, Hv, 2, Dk]: the key and the query of each value head's key head.
-    k_q = torch.stack([k, q], dim=2).repeat_interleave(group, dim=1)
+    k_q = prepare_kq(q, k, scale, use_qk_l2norm).repeat_interleave(group, dim=1)
     decay = g.exp()[..., None]                                           # [N, Hv, 1]
     beta_v = beta[..., None] * v.float()                                 # [N, Hv, Dv]
     beta_decay = beta[..., None] * decay                                 # [N, Hv, 1]
     q_dot_k = (k_q[:, :, 0] * k_q[:, :, 1]).sum(-1, keepdim=True)        # [N, Hv, 1]
     keys = k_q[:, :, 0, :, None]                                         # [N, Hv, Dk, 1]
     reads = torch.empty(num_v_heads, 2, dim_v, dtype=torch.float32, device=v.device)
-    v_new = torch.empty(num_v_heads, dim_v, dtype=torch.float32, device=v.device)
+    v_new = torch.empty(num_v_heads, 1, dim_v, dtype=torch.float32, device=v.device)
     o = torch.empty(rows, num_v_heads, dim_v, dtype=torch.float32, device=v.device)
-    for row, slot in enumerate(state_indices.tolist()):
+    # Per-row views made once (each ``x[row]`` in the loop would be one more dispatched op).
+    read_k, read_q = reads.unbind(1)
+    v_new_rows = v_new[:, 0]
+    per_row = zip(state_indices.tolist(), *(t.unbind(0) for t in (k_q, beta_v, beta_decay, q_dot_k, decay,
+                                                                    decay[..., None], keys, o)))
+    for slot, k_q_r, beta_v_r, beta_decay_r, q_dot_k_r, decay_r, state_decay_r, keys_r, o_r in per_row:
         s = state[slot]
-        torch.bmm(k_q[row], s, out=reads)
-        torch.addcmul(beta_v[row], beta_decay[row], reads[:, 0], value=-1, out=v_new)
-        torch.addcmul(q_dot_k[row] * v_new, decay[row], reads[:, 1], out=o[row])
-        s.mul_(decay[row, :, :, None]).baddbmm_(keys[row], v_new[:, None, :])
+        torch.bmm(k_q_r, s, out=reads)
+        torch.addcmul(beta_v_r, beta_decay_r, read_k, value=-1, out=v_new_rows)
+        torch.addcmul(q_dot_k_r * v_new_rows, decay_r, read_q, out=o_r)
+        s.mul_(state_decay_r).baddbmm_(keys_r, v_new)
     return o.to(v.dtype)
