@@ -6,6 +6,10 @@ parallel linears, ``ParallelLMHead`` tied by sharing the embedding's parameter,
 ``LogitsProcessor``); this module adds what vLLM asks of a model: the mamba-style cache's
 shapes, dtypes and copy functions (``IsHybrid``), weight loading, and the multimodal interfaces.
 
+The text decoder is :class:`VllmTextModel`, which declares vLLM's ``support_torch_compile``: in
+vLLM's compiled mode (its CPU default unless ``enforce_eager``) it is traced once into one graph,
+each GatedDeltaNet core and each attention an opaque custom op that runs eagerly.
+
 The text model classes differ only in how the checkpoint is laid out (see ``weights.py``).
 The vision-language classes wrap the text model (``language_model``) and add the vision
 tower (``visual``, :class:`vllm_gdn_neuron.model.vision.VisionTower`): vLLM runs the tower
