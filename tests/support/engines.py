@@ -5,9 +5,12 @@ the functions it runs by module name, and the whole suite has more than one
 ``conftest`` module.
 """
 
+import collections
 import contextlib
+import dataclasses
 import gc
 import os
+import re
 
 from .oracle import in_subprocess
 
@@ -72,17 +75,69 @@ def greedy_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_token
 
 
 def _greedy_compiled(model_dir: str, prompts: list[list[int]], max_new_tokens: int, engine_kwargs: dict):
+    import logging
+
+    import torch
     import torch._dynamo.utils
+    from vllm import SamplingParams
     from vllm.compilation.counter import compilation_counter
 
-    ids = _greedy(model_dir, prompts, max_new_tokens, engine_kwargs)
-    return ids, dict(torch._dynamo.utils.counters["graph_break"]), compilation_counter.num_models_seen
+    graph_code: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            graph_code.append(record.getMessage())
+
+    torch._logging.set_logs(graph_code=True)
+    graph_logger = logging.getLogger("torch._dynamo.output_graph.__graph_code")
+    graph_logger.addHandler(_Keep())
+    graph_logger.propagate = False  # kept, not printed
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+    with engine(model_dir, **engine_kwargs) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        stats = engine_kwargs.get("disable_log_stats") is False  # vLLM's LLM keeps none by default
+        accepted = sum(m.value for m in (llm.get_metrics() if stats else [])
+                       if m.name == "vllm:spec_decode_num_accepted_tokens" and hasattr(m, "value"))
+    return [list(o.outputs[0].token_ids) for o in outs], CompileReport(
+        graph_breaks=dict(torch._dynamo.utils.counters["graph_break"]),
+        models=compilation_counter.num_models_seen,
+        graphs=torch._dynamo.utils.counters["stats"]["unique_graphs"],
+        graph_ops=[_graph_op_calls(code) for code in graph_code],
+        accepted_drafts=int(accepted),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    """What vLLM's compiled mode did in one engine process.
+
+    Attributes:
+        graph_breaks: dynamo's graph breaks by reason.
+        models: the modules vLLM handed to its compilation (``support_torch_compile``).
+        graphs: the distinct graphs dynamo captured.
+        graph_ops: per captured graph (in capture order), how often it calls each
+            ``torch.ops`` operator (``vllm_gdn_neuron.gdn_core``, ``vllm.unified_attention_with_output``...).
+        accepted_drafts: speculative tokens accepted (vLLM's counter; 0 without a drafter or
+            unless the engine runs with ``disable_log_stats=False``).
+    """
+
+    graph_breaks: dict
+    models: int
+    graphs: int
+    graph_ops: list[collections.Counter]
+    accepted_drafts: int
+
+
+def _graph_op_calls(graph_code: str) -> collections.Counter:
+    """The ``torch.ops`` calls of one graph's code as dynamo prints it, by operator name (the
+    graph's statements, not the source lines dynamo quotes in comments)."""
+    statement = r'^\s*\w+(?:: "[^"]*")? = torch\.ops\.([\w.]+?)(?:\.default)?\('
+    return collections.Counter(re.findall(statement, graph_code, flags=re.MULTILINE))
 
 
 def greedy_compiled_in_subprocess(model_dir: str, prompts: list[list[int]], max_new_tokens: int, **engine_kwargs):
     """:func:`greedy_in_subprocess` with vLLM's compiled mode (``enforce_eager=False``): ``(ids,
-    graph breaks dynamo counted by reason, models vLLM's compilation saw)``, counted in that
-    process alone."""
+    CompileReport)``, counted in that process alone."""
     return in_subprocess(_greedy_compiled, model_dir, prompts, max_new_tokens,
                          {**engine_kwargs, "enforce_eager": False})
 

@@ -68,8 +68,10 @@ def test_only_the_profiling_run_without_a_cache_mixes_nothing():
     assert layer_metadata({name: entry}, name, cache_bound=True) is entry
 
 
-def test_the_step_object_builds_the_gdn_metadata_once_per_metadata_object():
-    from vllm_gdn_neuron.shells.vllm.step import EngineStep
+def test_the_forward_context_keeps_the_gdn_metadata_built_once_per_metadata_object():
+    from types import SimpleNamespace
+
+    from vllm_gdn_neuron.shells.vllm.step import step_gdn_parts
 
     built = []
 
@@ -77,10 +79,10 @@ def test_the_step_object_builds_the_gdn_metadata_once_per_metadata_object():
         built.append((metadata, num_pages))
         return f"parts of {metadata}"
 
-    step = EngineStep(torch.arange(3))
-    assert step.gdn_parts("group-0", 9, build) == "parts of group-0"
-    assert step.gdn_parts("group-0", 9, build) == "parts of group-0"
-    assert step.gdn_parts("group-1", 9, build) == "parts of group-1"
+    context = SimpleNamespace(additional_kwargs={})
+    assert step_gdn_parts(context, "group-0", 9, build) == "parts of group-0"
+    assert step_gdn_parts(context, "group-0", 9, build) == "parts of group-0"
+    assert step_gdn_parts(context, "group-1", 9, build) == "parts of group-1"
     assert built == [("group-0", 9), ("group-1", 9)]
-    EngineStep(torch.arange(3)).gdn_parts("group-0", 9, build)  # the next step builds its own
+    step_gdn_parts(SimpleNamespace(additional_kwargs={}), "group-0", 9, build)  # the next forward builds its own
     assert len(built) == 3

@@ -12,8 +12,11 @@ shell); this module only adapts vLLM's pieces to it:
   (``spec_*``: 1 + drafts tokens per request, one state page per draft position,
   ``num_accepted_tokens``) become an ``ops.VerifyStep``, and a step mixing them with
   prefills is permuted (``spec_token_indx`` then ``non_spec_token_indx``) into the ops'
-  verify-first order and back; the first layer of a step builds them, the step object
-  (:class:`~.step.EngineStep`) keeps them for the others;
+  verify-first order and back; the first layer of a step builds them, the step's forward
+  context keeps them for the others (:func:`~.step.step_gdn_parts`);
+- compiled mode: the cache-touching core (metadata, the paged ops, :func:`gdn_mix`) is the
+  custom op ``torch.ops.vllm_gdn_neuron.gdn_core``, which ``torch.compile`` calls as an opaque
+  node and which runs eagerly; the projections, the gated norm and ``out_proj`` are traced;
 - backend: each phase's paged op resolved once, when the layer is built (``ops.phases``: the
   CPU's instruction sets or a start-up measurement on the layer's shapes, logged once; or
   ``$VLLM_GDN_BACKEND``): torch math, vLLM's C++ kernels, or the NKI kernels.
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.library import Library
 
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
@@ -34,6 +38,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.utils import set_weight_attrs
+from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_gdn_neuron import ops
@@ -43,7 +48,7 @@ from vllm_gdn_neuron.ops.phases import resolve_phases
 from vllm_gdn_neuron.model.gdn_cache import conv_state_view, gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
 from vllm_gdn_neuron.model.parameters import GDN_BA, GDN_QKVZ, rank_share
-from vllm_gdn_neuron.shells.vllm.step import EngineStep
+from vllm_gdn_neuron.shells.vllm.step import EngineStep, step_gdn_parts
 
 # vLLM's null block: never allocated to a request, so padding (if any) is routed there.
 PAD_PAGE = 0
@@ -131,40 +136,76 @@ class GatedDeltaNet(nn.Module, MambaBase):
     def forward(self, hidden_states: torch.Tensor, step: EngineStep) -> torch.Tensor:
         """Mix the tokens of one engine step.
 
+        The projections, the gated norm and the output projection are traceable; the core
+        (this step's metadata, the paged states, :func:`gdn_mix`) runs behind the custom op
+        ``vllm_gdn_neuron::gdn_core`` (:meth:`mix_core`), eagerly in compiled mode too.
+
         Args:
             hidden_states: [T, H] in the model dtype.
-            step: the forward's :class:`~.step.EngineStep` (keeps the ops' metadata of the step).
+            step: the forward's :class:`~.step.EngineStep` (unused: the core reads the step
+                from vLLM's forward context).
 
         Returns:
             [T, H] in the model dtype.
-
-        Raises:
-            RuntimeError: the step has no metadata for this layer but its cache is bound.
         """
         dims, num_tokens = self.dims, hidden_states.shape[0]
         qkvz, _ = self.in_proj_qkvz(hidden_states)
         ba, _ = self.in_proj_ba(hidden_states)
         qkv, z = qkvz.split([dims.conv_dim, dims.value_dim], dim=-1)
         b, a = ba.split([dims.num_v_heads, dims.num_v_heads], dim=-1)
-
-        cache = getattr(self, "kv_cache", ())
-        metadata = layer_metadata(get_forward_context().attn_metadata, self.prefix, cache_bound=len(cache) > 0)
-        if metadata is None:  # vLLM's profiling run, before any cache exists
-            core = qkv.new_zeros(num_tokens, dims.num_v_heads, dims.head_v_dim)
-        else:
-            conv_pages, ssm_cache = cache
-            conv_cache = conv_state_view(conv_pages)
-            parts = step.gdn_parts(metadata, conv_cache.shape[0], engine_step)
-            if parts.order is not None:
-                qkv, a, b = (t.index_select(0, parts.order) for t in (qkv, a, b))
-            core = gdn_mix(dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
-                           GDNCaches(conv=conv_cache, ssm=ssm_cache), parts.decode, parts.prefill,
-                           verify=parts.verify, phases=self.phases)
-            if parts.order is not None:
-                core = core.new_zeros(num_tokens, *core.shape[1:]).index_copy_(0, parts.order, core)
+        core = qkv.new_empty(num_tokens, dims.num_v_heads, dims.head_v_dim)
+        torch.ops.vllm_gdn_neuron.gdn_core(qkv, a, b, core, self.prefix)
         out = self.norm(core, z.view(num_tokens, dims.num_v_heads, dims.head_v_dim))
         out, _ = self.out_proj(out.view(num_tokens, dims.value_dim))
         return out
+
+    def mix_core(self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, core: torch.Tensor) -> None:
+        """Write the step's GatedDeltaNet core into ``core``, advancing the paged states (eager).
+
+        Args:
+            qkv: [T, C] projected q | k | v (before the conv), in the model dtype.
+            a, b: [T, Hv] gate inputs.
+            core: [T, Hv, Dv] written with the core's output (zeros in vLLM's profiling run).
+
+        Raises:
+            RuntimeError: the step has no metadata for this layer but its cache is bound.
+        """
+        cache = getattr(self, "kv_cache", ())
+        forward_context = get_forward_context()
+        metadata = layer_metadata(forward_context.attn_metadata, self.prefix, cache_bound=len(cache) > 0)
+        if metadata is None:  # vLLM's profiling run, before any cache exists
+            core.zero_()
+            return
+        conv_pages, ssm_cache = cache
+        conv_cache = conv_state_view(conv_pages)
+        parts = step_gdn_parts(forward_context, metadata, conv_cache.shape[0], engine_step)
+        if parts.order is not None:
+            qkv, a, b = (t.index_select(0, parts.order) for t in (qkv, a, b))
+        mixed = gdn_mix(self.dims, qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
+                        GDNCaches(conv=conv_cache, ssm=ssm_cache), parts.decode, parts.prefill,
+                        verify=parts.verify, phases=self.phases)
+        if parts.order is None:
+            core.copy_(mixed)
+        else:
+            core.index_copy_(0, parts.order, mixed)
+
+
+def gdn_core(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, core: torch.Tensor, layer_name: str) -> None:
+    """The custom op's body: :meth:`GatedDeltaNet.mix_core` of the layer ``layer_name`` of the
+    current forward (vLLM's ``no_compile_layers``, where every GatedDeltaNet registers)."""
+    get_forward_context().no_compile_layers[layer_name].mix_core(qkv, a, b, core)
+
+
+def gdn_core_fake(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, core: torch.Tensor, layer_name: str) -> None:
+    """What tracing sees of :func:`gdn_core`: it writes ``core`` and returns nothing."""
+
+
+# The op is opaque to torch.compile: vLLM's compiled mode traces the projections and norms
+# around it and calls it as is (host reads of the step's metadata, vLLM's C++ kernels on the
+# paged states in place).
+_LIBRARY = Library("vllm_gdn_neuron", "FRAGMENT")
+direct_register_custom_op("gdn_core", gdn_core, mutates_args=["core"], fake_impl=gdn_core_fake,
+                          target_lib=_LIBRARY)
 
 
 def rank_share_loader(name: str, text_config, tp_size: int, tp_rank: int):
@@ -243,7 +284,7 @@ class StepParts:
 def engine_step(metadata, num_pages: int) -> StepParts:
     """The ops' metadata of vLLM's ``GDNAttentionMetadata``, host-checked.
 
-    Built once per step and metadata object (:meth:`.step.EngineStep.gdn_parts`): vLLM hands
+    Built once per step and metadata object (:func:`.step.step_gdn_parts`): vLLM hands
     every GDN layer of a step the same metadata object. With speculative decoding vLLM turns
     a step's plain decodes into one-token prefills, so verify rows and decode rows never
     share a step.

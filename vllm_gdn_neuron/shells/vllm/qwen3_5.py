@@ -6,6 +6,10 @@ parallel linears, ``ParallelLMHead`` tied by sharing the embedding's parameter,
 ``LogitsProcessor``); this module adds what vLLM asks of a model: the mamba-style cache's
 shapes, dtypes and copy functions (``IsHybrid``), weight loading, and the multimodal interfaces.
 
+The text decoder is :class:`VllmTextModel`, which declares vLLM's ``support_torch_compile``: in
+vLLM's compiled mode (its CPU default unless ``enforce_eager``) it is traced once into one graph,
+each GatedDeltaNet core and each attention an opaque custom op that runs eagerly.
+
 The text model classes differ only in how the checkpoint is laid out (see ``weights.py``).
 The vision-language classes wrap the text model (``language_model``) and add the vision
 tower (``visual``, :class:`vllm_gdn_neuron.model.vision.VisionTower`): vLLM runs the tower
@@ -18,6 +22,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import ColumnParallelLinear
@@ -165,6 +170,38 @@ class CheckpointLoader:
         return {f"{module_name}.{param}" for param in experts.load_weights([(relative, tensor)])}
 
 
+#: The forward arguments whose sizes vary per step: the token axis (positions' last axis:
+#: ``[T]`` or ``[3, T]`` with M-RoPE).
+DYNAMIC_ARG_DIMS = {"input_ids": 0, "positions": -1, "intermediate_tensors": 0, "inputs_embeds": 0}
+
+
+@support_torch_compile(dynamic_arg_dims=DYNAMIC_ARG_DIMS)
+class VllmTextModel(TextModel):
+    """The text decoder (``model.*``) as vLLM's compiled mode traces it: ids (or embeddings) and
+    positions in, final hidden states out.
+
+    In compiled mode (vLLM's CPU default) vLLM traces this forward once with ``torch.compile``
+    (Inductor on CPU): embeddings, norms, projections, gating and feed-forward blocks in one
+    graph, each GatedDeltaNet core and each attention an opaque custom op that runs eagerly
+    over the paged caches. With ``enforce_eager`` it runs as written.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "model") -> None:
+        config = vllm_config.model_config.hf_text_config
+        super().__init__(config, VllmDecoderParts(vllm_config), prefix=prefix)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[T] token ids (or [T, H] embeddings) and [T] or [3, T] positions -> [T, H] final hidden states."""
+        hidden_states = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        return super().forward(hidden_states, EngineStep(positions))
+
+
 class Qwen3_5ForCausalLM(CheckpointLoader, CausalLM, HasInnerState, IsHybrid):
     """Qwen3.5 text decoder with the LM head (``Qwen3_5ForCausalLM`` checkpoints).
 
@@ -175,7 +212,7 @@ class Qwen3_5ForCausalLM(CheckpointLoader, CausalLM, HasInnerState, IsHybrid):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         model_config = vllm_config.model_config
         config, parts = model_config.hf_text_config, VllmDecoderParts(vllm_config)
-        super().__init__(config, parts, TextModel(config, parts, prefix="model"),
+        super().__init__(config, parts, VllmTextModel(vllm_config=vllm_config, prefix="model"),
                          ties_word_embeddings(model_config.hf_config))
 
     def forward(
@@ -187,8 +224,7 @@ class Qwen3_5ForCausalLM(CheckpointLoader, CausalLM, HasInnerState, IsHybrid):
         **kwargs: object,
     ) -> torch.Tensor:
         """[T] token ids (or [T, H] embeddings) and [T] positions -> [T, H] final hidden states."""
-        hidden_states = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
-        return self.model(hidden_states, EngineStep(positions))
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     # --- the mamba-style cache (IsHybrid) -------------------------------------------------
 

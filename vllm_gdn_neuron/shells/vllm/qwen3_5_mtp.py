@@ -14,18 +14,24 @@ loaded here from the checkpoint are dropped then.
 
 import torch
 
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.sequence import IntermediateTensors
 
 from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.checkpoint import mtp_tensor_name
 from vllm_gdn_neuron.model.mtp import MultiTokenPredictor
-from vllm_gdn_neuron.shells.vllm.qwen3_5 import CheckpointLoader, VllmDecoderParts
+from vllm_gdn_neuron.shells.vllm.qwen3_5 import DYNAMIC_ARG_DIMS, CheckpointLoader, VllmDecoderParts
 from vllm_gdn_neuron.shells.vllm.step import EngineStep
 
 
+@support_torch_compile(dynamic_arg_dims={**DYNAMIC_ARG_DIMS, "hidden_states": 0})
 class Qwen3_5MTP(CheckpointLoader, CausalLM):
-    """The MTP drafter of a Qwen3.5 target (any of its checkpoint layouts) under the LM head."""
+    """The MTP drafter of a Qwen3.5 target (any of its checkpoint layouts) under the LM head.
+
+    In vLLM's compiled mode its forward (embedding, input norms, ``fc``, the decoder layer)
+    is traced once like the target's decoder, the attention an opaque custom op.
+    """
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         model_config = vllm_config.model_config
