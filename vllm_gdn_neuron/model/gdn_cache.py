@@ -64,7 +64,8 @@ def check_gdn_config(
     prefix_caching: bool = False,
 ) -> None:
     """Refuse, at start-up, a configuration the GatedDeltaNet layer cannot serve on vLLM: its heads
-    (:func:`~vllm_gdn_neuron.model.checks.check_gdn_heads`) and the engine's cache settings.
+    (:func:`~vllm_gdn_neuron.model.checks.check_gdn_heads`), the engine's cache settings, and a
+    quantization other than block-FP8 (:func:`~vllm_gdn_neuron.model.fp8.check_quantization_method`).
 
     Speculative decoding is served (the layer verifies ``1 + num_speculative_tokens`` tokens per
     request, one state slot per draft position), except with prefix caching (vLLM's mamba
