@@ -53,6 +53,7 @@ is off so every round prefills in full.
     python benchmarks/bench_serve.py --starts 3 --rounds 2   # fresh engine processes 3 times
     python benchmarks/bench_serve.py --mtp 3          # multi-token prediction rows (below)
     python benchmarks/bench_serve.py --engines auto --compare preload   # auto and auto@preload
+    python benchmarks/bench_serve.py --engines auto --compare fp8       # auto on --model and on its FP8 twin
 
 The CPU set-up, the same for every engine of a run: ``--preload tcmalloc,iomp`` sets
 ``LD_PRELOAD`` in each engine process as vLLM's CPU installation guide recommends (where each
@@ -60,8 +61,11 @@ library is looked for: PRELOAD_CANDIDATES); ``--compiled`` runs each in vLLM's c
 (``enforce_eager=False``: on CPU one ``torch.compile`` trace with Inductor) instead of eagerly.
 ``--compare preload`` / ``--compare compiled`` runs every engine twice, as itself (no
 ``LD_PRELOAD``; eager) and as ``ENGINE@preload`` / ``ENGINE@compiled``, taking turns like any
-other engines, with the ratio of each variant to its engine (best rounds, paired). The engines
-start one at a time; the report states the set-up and each engine's start-up seconds.
+other engines, with the ratio of each variant to its engine (best rounds, paired). ``--compare
+fp8`` runs every engine also as ``ENGINE@fp8`` on the block-FP8 twin of ``--model`` (written
+into ``benchmarks/results/<model>-fp8`` on first use; served dequantized to bf16 at load). The
+engines start one at a time; the report states the set-up, each engine's start-up seconds and
+its resident memory after the warm-up.
 
 Multi-token prediction (``--mtp N``): the trained tiny checkpoint
 (``configs/trained/qwen3_5-tiny-mtp``, ``scripts/train_tiny_mtp.py``) is served with and
@@ -102,8 +106,9 @@ ENGINES = {"auto": {}, "torch": {"VLLM_GDN_BACKEND": "torch"}, "vllm_cpu": {"VLL
 MTP_SUFFIX = "+mtp"
 MTP_ENGINES = ("auto", "auto+mtp", "built-in", "built-in+mtp")
 #: ``--compare V`` runs every engine also as ``<engine>@V``: with the ``--preload`` libraries
-#: (``preload``) or in vLLM's compiled mode (``compiled``), side by side in every round.
-VARIANTS = ("preload", "compiled")
+#: (``preload``), in vLLM's compiled mode (``compiled``) or on the block-FP8 twin of ``--model``
+#: (``fp8``), side by side in every round.
+VARIANTS = ("preload", "compiled", "fp8")
 DEFAULT_PRELOAD = ("tcmalloc", "iomp")
 PLUGIN_BACKENDS = ("torch", "vllm_cpu")
 CONCURRENCY = (1, 8, 32)
@@ -127,6 +132,31 @@ PERCENTILES = (50, 90, 99)
 
 CHECKPOINT = "qwen3-next-real"
 TRAINED_CHECKPOINT = REPO / "configs" / "trained" / "qwen3_5-tiny-mtp"
+
+
+def fp8_twin(model: pathlib.Path) -> pathlib.Path:
+    """``RESULTS/<model>-fp8``: the bf16 checkpoint ``model`` block-quantized in the published FP8 layout
+    (the tiny-model builder's ``quantize_checkpoint``, bf16 scales), written on first use."""
+    import shutil
+
+    import torch
+
+    builder = _program("build_tiny_models")
+    target = RESULTS / f"{model.name}{builder.FP8_SUFFIX}"
+    if not (target / "config.json").exists():
+        staging = builder.staging_folder(target)
+        shutil.copytree(model, staging)
+        builder.quantize_checkpoint(staging, torch.bfloat16)
+        builder.move_into_place(staging, target)
+    return target
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (``VmRSS``)."""
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def _program(name):
@@ -327,7 +357,7 @@ def worker(args):
     llm = LLM(**engine_kwargs(args))
     engine = llm.llm_engine
     run_requests(engine, [[1] * 16], 4, "warm-up")
-    print(RESULT_TAG + json.dumps({"ready": True}), flush=True)
+    print(RESULT_TAG + json.dumps({"ready": True, "resident": resident_bytes()}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
         before = spec_counters(engine) if args.speculative_tokens else None
@@ -433,9 +463,10 @@ def run_benchmark(args, bandwidths):
     request), so each start-up time is that engine's alone.
 
     Returns:
-        ``(rounds, loads, startups)``: per ``(phase, n, engine)`` the metrics of every round in
-        order (with ``round`` and ``load``); the load averages at each round's start and at the
-        end; per engine the seconds from its process start to its warm-up request served, per start.
+        ``(rounds, loads, startups, residents)``: per ``(phase, n, engine)`` the metrics of every
+        round in order (with ``round`` and ``load``); the load averages at each round's start and at
+        the end; per engine the seconds from its process start to its warm-up request served, and
+        its resident bytes then, per start.
     """
     import random
 
@@ -444,15 +475,19 @@ def run_benchmark(args, bandwidths):
     if args.mtp:
         plugin_model, builtin_model = mtp_checkpoints(args)
         models = {name: builtin_model if name.startswith("built-in") else plugin_model for name in engine_names(args)}
-    rounds, loads, startups = {}, [], {}
+    elif args.compare == "fp8":
+        twin = fp8_twin(args.model)
+        models = {name: twin for name in engine_names(args) if name.endswith("@fp8")}
+    rounds, loads, startups, residents = {}, [], {}, {}
     rng = random.Random(0)
     for start in range(args.starts):
         engines = {}
         try:
             for name in engine_names(args):
                 engine = engines[name] = Engine(name, args, RESULTS / f"bench_serve-{name}.log", models.get(name))
-                engine.reply()  # ready
+                ready = engine.reply()
                 startups.setdefault(name, []).append(time.perf_counter() - engine.started)
+                residents.setdefault(name, []).append(ready["resident"])
             for rnd in range(start * args.rounds, (start + 1) * args.rounds):
                 loads.append(os.getloadavg())
                 for phase, n in scenarios(args):
@@ -463,7 +498,7 @@ def run_benchmark(args, bandwidths):
             for engine in engines.values():
                 engine.close()
     loads.append(os.getloadavg())
-    return rounds, loads, startups
+    return rounds, loads, startups, residents
 
 
 def run_row(args, engines, rng, rnd, phase, n, rounds):
@@ -504,8 +539,8 @@ def variant_ratios(names):
     return [(name, name.partition("@")[0]) for name in names if "@" in name]
 
 
-def setup_text(args, startups):
-    """How the engines ran: vLLM's mode, ``LD_PRELOAD``, each engine's start-up seconds."""
+def setup_text(args, startups, residents):
+    """How the engines ran: vLLM's mode, ``LD_PRELOAD``, each engine's start-up seconds and resident memory."""
     mode = "compiled (torch.compile, Inductor)" if args.compiled else "eager"
     preload = preload_value(args.preload) if args.preload else os.environ.get("LD_PRELOAD") or "none"
     if args.compare == "compiled":
@@ -513,7 +548,10 @@ def setup_text(args, startups):
     elif args.compare == "preload":
         preload = f"none, the @preload engines' {preload}"
     times = ", ".join(f"{name} {' / '.join(f'{t:.0f}' for t in values)} s" for name, values in startups.items())
-    return f"vLLM {mode}; LD_PRELOAD {preload}; start-up (process start to warm-up served, one at a time): {times}"
+    resident = ", ".join(f"{name} {' / '.join(f'{b / 2**30:.2f}' for b in values)} GiB" for name, values in residents.items())
+    models = f"; the @fp8 engines on {fp8_twin(args.model).name}" if args.compare == "fp8" else ""
+    return (f"vLLM {mode}; LD_PRELOAD {preload}{models}; start-up (process start to warm-up served, one at a time): "
+            f"{times}; resident after the warm-up: {resident}")
 
 
 def setup_stem(args):
@@ -773,13 +811,13 @@ def main():
         build_checkpoint(RESULTS)
     bandwidths = [measure_read_bandwidth()]
     print(f"{cpu_name()}; read bandwidth {bandwidths[0] / 1e9:.1f} GB/s; load {os.getloadavg()}", flush=True)
-    rounds, loads, startups = run_benchmark(args, bandwidths)
+    rounds, loads, startups, residents = run_benchmark(args, bandwidths)
     bandwidth = max(bandwidths)
     header = (f"{cpu_name()}, {os.cpu_count()} CPUs; read bandwidth {bandwidth / 1e9:.1f} GB/s (best of "
               f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s measured before the run and after each round)")
     text, rows = table(args, rounds, bandwidth)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
-    report = (f"{header}\n{setup_text(args, startups)}\n"
+    report = (f"{header}\n{setup_text(args, startups, residents)}\n"
               f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"prefill {args.prefill_len} tokens/request; decode {args.decode_len} tokens after a "
               f"{args.decode_prompt_len}-token prompt; {rounds_text(args)}, best shown (paired in "
@@ -788,7 +826,7 @@ def main():
     stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ()) + setup_stem(args)
     (RESULTS / f"{stem}.md").write_text(report)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
-        bandwidth=bandwidth, loads=loads, startups=startups, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+        bandwidth=bandwidth, loads=loads, startups=startups, residents=residents, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
     plot(rows, RESULTS / f"{stem}.png")
     print(f"plot: {RESULTS / f'{stem}.png'}")
 
@@ -802,11 +840,11 @@ def main_mtp(args):
     if args.scale_layers:
         args.model = scaled_checkpoint(args.model, args.scale_layers)
     print(f"{cpu_name()}; load {os.getloadavg()}", flush=True)
-    rounds, loads, startups = run_benchmark(args, [])
+    rounds, loads, startups, residents = run_benchmark(args, [])
     text, rows = mtp_table(args, rounds)
     loads_text = ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
     report = (f"{cpu_name()}, {os.cpu_count()} CPUs; {args.model.name}, {args.mtp} speculative tokens\n"
-              f"{setup_text(args, startups)}\n"
+              f"{setup_text(args, startups, residents)}\n"
               f"load averages (1/5/15 min) at each round's start and at the end: {loads_text}\n"
               f"decode {args.decode_len} tokens after a {args.decode_prompt_len}-token prompt of held-out text; "
               f"{rounds_text(args)}, best shown (paired in parentheses)\n\n{text}\n")
@@ -815,7 +853,7 @@ def main_mtp(args):
             + setup_stem(args))
     (RESULTS / f"{stem}.md").write_text(report)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
-        loads=loads, startups=startups, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+        loads=loads, startups=startups, residents=residents, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
     mtp_plot(rows, RESULTS / f"{stem}.png")
     print(f"plot: {RESULTS / f'{stem}.png'}")
 

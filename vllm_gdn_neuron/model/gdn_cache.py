@@ -19,6 +19,7 @@ import torch
 from vllm_gdn_neuron.model.checks import check_gdn_heads
 from vllm_gdn_neuron.model.dims import GDNDims
 from vllm_gdn_neuron.model.dtypes import DTYPES
+from vllm_gdn_neuron.model.fp8 import check_quantization_method
 
 _SUPPORTED_SSM_DTYPES = ("auto", "float32", "bfloat16")
 
@@ -63,7 +64,8 @@ def check_gdn_config(
     prefix_caching: bool = False,
 ) -> None:
     """Refuse, at start-up, a configuration the GatedDeltaNet layer cannot serve on vLLM: its heads
-    (:func:`~vllm_gdn_neuron.model.checks.check_gdn_heads`) and the engine's cache settings.
+    (:func:`~vllm_gdn_neuron.model.checks.check_gdn_heads`), the engine's cache settings, and a
+    quantization other than block-FP8 (:func:`~vllm_gdn_neuron.model.fp8.check_quantization_method`).
 
     Speculative decoding is served (the layer verifies ``1 + num_speculative_tokens`` tokens per
     request, one state slot per draft position), except with prefix caching (vLLM's mamba
@@ -81,11 +83,7 @@ def check_gdn_config(
             "kernels); turn one off: --no-enable-prefix-caching, or no --speculative-config; got "
             f"num_speculative_tokens={num_speculative_tokens}, enable_prefix_caching={prefix_caching}"
         )
-    if quantization is not None:
-        raise ValueError(
-            "quantized checkpoints are not supported by the vllm-gdn-neuron models (they load "
-            f"unquantized bf16/fp32 weights only); got quantization={quantization!r}"
-        )
+    check_quantization_method(quantization)
     if mamba_ssm_cache_dtype not in _SUPPORTED_SSM_DTYPES:
         raise ValueError(
             f"mamba_ssm_cache_dtype must be one of {_SUPPORTED_SSM_DTYPES}; got {mamba_ssm_cache_dtype!r}"
