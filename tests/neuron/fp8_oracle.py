@@ -1,0 +1,54 @@
+"""The oracles' checkpoints of a block-FP8 checkpoint: transformers reads them in fp32.
+
+- :func:`dequantized_copy`: every FP8 weight as ``fp8 * scale_inv`` in float32 (the weights a
+  block-FP8 checkpoint means; the oracle of the host-dequantized path);
+- :func:`device_weights_copy`: each of those then requantized per output row in trn2's e4m3
+  range and dequantized again (:func:`vllm_gdn_neuron.shells.neuron.fp8.quantize_rows`): the
+  weights one rank of the FP8-on-device path computes with at TP=1.
+
+Both drop ``quantization_config``; tokenizer and other files are copied as they are.
+"""
+
+import json
+import pathlib
+import shutil
+
+import torch
+
+from vllm_gdn_neuron.model import fp8
+from vllm_gdn_neuron.shells.neuron.fp8 import dequantize_rows, quantize_rows
+
+
+def _copy(model_dir: str, out: pathlib.Path, transform) -> str:
+    from safetensors.torch import load_file, save_file
+
+    source = pathlib.Path(model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    block = fp8.block_size_of(config.pop("quantization_config"))
+    for path in source.iterdir():
+        if path.suffix != ".safetensors" and path.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(path, out / path.name) if path.is_file() else None
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    weight_map = {}
+    pending = {}
+    for shard in sorted(source.glob("*.safetensors")):
+        pending.update(load_file(str(shard)))
+    tensors = {}
+    for name, tensor in fp8.dequantized_tensors(pending.items(), block):
+        is_fp8 = name in pending and pending[name].dtype == fp8.FP8_DTYPE
+        tensors[name] = transform(tensor) if is_fp8 else tensor
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    weight_map = dict.fromkeys(tensors, "model.safetensors")
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return str(out)
+
+
+def dequantized_copy(model_dir: str, out: pathlib.Path) -> str:
+    """The checkpoint with every FP8 weight dequantized to float32."""
+    return _copy(model_dir, out, lambda weight: weight)
+
+
+def device_weights_copy(model_dir: str, out: pathlib.Path) -> str:
+    """The checkpoint with every FP8 weight dequantized, requantized per row in e4m3 +-240, dequantized (float32)."""
+    return _copy(model_dir, out, lambda weight: dequantize_rows(*quantize_rows(weight)))

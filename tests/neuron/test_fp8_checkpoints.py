@@ -1,0 +1,102 @@
+"""Block-FP8 checkpoints through the Neuron shell, in the runner stand-in (``runner.py``).
+
+Dequantized on the host (the default): the FP8 twins of every tiny layout (dense, MoE with
+per-expert tensors, Qwen3-Next's packed projections, the vision-language wrappers) serve
+transformers' fp32 ids on the dequantized weights (``fp8 * scale_inv``), the graphs as the
+bf16 checkpoint's (one static graph per bucket, no break, no host read); at TP=2 too, where
+every rank's shard is smaller than one 128-block.
+
+FP8 on the device (``neuron_config.quantization: "fp8"``): the projections and experts the
+checkpoint stored in FP8 are held as float8_e4m3fn within trn2's +-240 with per-row float32
+scales (the bytes counted); the ids equal transformers' fp32 on the weights the device
+computes with (each dequantized weight requantized per row, ``fp8_oracle.device_weights_copy``),
+and the logits stay within what that requantization alone moves them from the dequantized path.
+"""
+
+import pytest
+import torch
+
+from tests.support import oracle
+from vllm_gdn_neuron.model.fp8 import FP8_DTYPE
+from vllm_gdn_neuron.shells.neuron.fp8 import DEVICE_FP8_MAX, Fp8Experts, Fp8Linear
+
+from .fp8_oracle import dequantized_copy, device_weights_copy
+from .test_harness import FAST_WORKLOAD, check, run_harness
+
+TINY_FP8 = ["qwen3_5-dense-fp8", "qwen3_5-moe-fp8", "qwen3-next-fp8", "qwen3_5-vl-fp8", "qwen3_5-moe-vl-fp8"]
+
+
+@pytest.fixture(scope="module")
+def oracle_dirs(tmp_path_factory):
+    made = {}
+
+    def get(model_dir: str, kind: str) -> str:
+        if (model_dir, kind) not in made:
+            out = tmp_path_factory.mktemp(f"fp8-{kind}")
+            made[model_dir, kind] = (dequantized_copy if kind == "dequantized" else device_weights_copy)(model_dir, out)
+        return made[model_dir, kind]
+
+    return get
+
+
+def _fp8_on_device(model_dir, workload, **kwargs):
+    return run_harness(model_dir, workload, quantization="fp8", **kwargs)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5-dense-fp8", "qwen3_5-moe-fp8"])
+def test_fp8_checkpoint_dequantized_on_the_host_serves_transformers_ids(tiny_model, oracle_dirs, model):
+    model_dir = tiny_model(model)
+    result = run_harness(model_dir, FAST_WORKLOAD)
+    model_params = result["runner"].model.parameters()
+    assert all(p.dtype == torch.float32 for p in model_params), "the dequantized path keeps the model dtype"
+    check(result, oracle_dirs(model_dir, "dequantized"), FAST_WORKLOAD)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen3-next-fp8", "qwen3_5-vl-fp8", "qwen3_5-moe-vl-fp8"])
+def test_every_fp8_layout_dequantized_serves_transformers_ids(tiny_model, oracle_dirs, model):
+    model_dir = tiny_model(model)
+    check(run_harness(model_dir, FAST_WORKLOAD), oracle_dirs(model_dir, "dequantized"), FAST_WORKLOAD)
+
+
+def _fp8_modules(model):
+    return [m for m in model.modules() if isinstance(m, (Fp8Linear, Fp8Experts))]
+
+
+@pytest.mark.parametrize("model", ["qwen3_5-dense-fp8", "qwen3_5-moe-fp8", "qwen3-next-fp8"])
+def test_fp8_on_device_serves_the_ids_of_its_own_weights(tiny_model, oracle_dirs, model):
+    model_dir = tiny_model(model)
+    result = _fp8_on_device(model_dir, FAST_WORKLOAD)
+    shell = result["runner"].model
+    fp8_params = [p for p in shell.parameters() if p.dtype == FP8_DTYPE]
+    assert fp8_params and all(p.float().abs().max() <= DEVICE_FP8_MAX for p in fp8_params)
+    layers = shell.config.num_hidden_layers
+    # Per layer: the mixer's two FP8 projections and the feed-forward's (dense: gate_up, down;
+    # MoE: the expert stacks and the shared expert's two).
+    per_layer = 4 if getattr(shell.config, "num_experts", 0) == 0 else 5
+    assert len(_fp8_modules(shell)) == per_layer * layers
+    # in_proj_ba, the router, the shared-expert gate, the embeddings and the head stay in the model dtype.
+    kept = {name for name, p in shell.named_parameters() if p.dtype == torch.float32 and p.dim() == 2}
+    assert any(".in_proj_ba." in n for n in kept) and "lm_head.weight" in kept
+    check(result, oracle_dirs(model_dir, "device"), FAST_WORKLOAD)
+
+
+def _first_logits(result) -> torch.Tensor:
+    """The first served step's logits row (host sampling: the model returns logits)."""
+    return result["runner"].outputs[0][0][0]
+
+
+@pytest.mark.parametrize("model", ["qwen3_5-dense-fp8", "qwen3_5-moe-fp8"])
+def test_fp8_on_device_logits_within_the_requantization_error_of_the_dequantized_path(tiny_model, oracle_dirs, model):
+    """The on-device logits differ from the dequantized path's by no more than transformers' fp32 on
+    the requantized weights differs from it (twice that, for the fp32 reassociation left over)."""
+    model_dir = tiny_model(model)
+    workload = [(23, 1, 0)]
+    dequantized = run_harness(model_dir, workload)
+    on_device = _fp8_on_device(model_dir, workload)
+    prompt = dequantized["prompts"][0]
+    _, hf_dequantized = oracle.hf_greedy(oracle_dirs(model_dir, "dequantized"), torch.float32, prompt, 1)
+    _, hf_requantized = oracle.hf_greedy(oracle_dirs(model_dir, "device"), torch.float32, prompt, 1)
+    allowed = float((hf_requantized[0] - hf_dequantized[0]).abs().max())
+    got = float((_first_logits(on_device) - _first_logits(dequantized)).abs().max())
+    assert 0 < got <= 2 * allowed, (got, allowed)
