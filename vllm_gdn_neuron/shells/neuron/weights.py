@@ -146,18 +146,20 @@ class _Writer:
 
 def load_checkpoint(model, model_path: str, device: torch.device, download_dir: str | None) -> None:
     """Fill every parameter of ``model`` (a :class:`Qwen3_5NeuronForCausalLM`) from the checkpoint."""
+    files = checkpoint_files(model_path, download_dir)
+    tensors = _checkpoint_tensors(files)
+    fp8_sources = set()
+    if model.checkpoint_block_size is not None:  # scales checked from the headers, before any tensor is read
+        headers = read_tensor_headers(files[0].parent)
+        check_checkpoint_scales(headers, model.checkpoint_block_size)
+        fp8_sources = {name for name, (dtype, _) in headers.items() if dtype == SAFETENSORS_FP8}
+        tensors = dequantized_tensors(tensors, model.checkpoint_block_size)
     if any(p.is_meta for p in model.parameters()):
         model.to_empty(device=device)
     writer = _Writer(model)
+    writer.fp8_sources = fp8_sources
     config = model.config
     has_tower = hasattr(model, "visual")
-    files = checkpoint_files(model_path, download_dir)
-    tensors = _checkpoint_tensors(files)
-    if model.checkpoint_block_size is not None:
-        headers = read_tensor_headers(files[0].parent)
-        check_checkpoint_scales(headers, model.checkpoint_block_size)
-        writer.fp8_sources = {name for name, (dtype, _) in headers.items() if dtype == SAFETENSORS_FP8}
-        tensors = dequantized_tensors(tensors, model.checkpoint_block_size)
     for key, tensor in tensors:
         tower_name = vision_tensor_name(key)
         if tower_name is not None and has_tower:
