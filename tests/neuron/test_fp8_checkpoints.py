@@ -100,3 +100,22 @@ def test_fp8_on_device_logits_within_the_requantization_error_of_the_dequantized
     allowed = float((hf_requantized[0] - hf_dequantized[0]).abs().max())
     got = float((_first_logits(on_device) - _first_logits(dequantized)).abs().max())
     assert 0 < got <= 2 * allowed, (got, allowed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "importer"), [("qwen3_5-dense-fp8", "torch_mlir"), ("qwen3_5-dense-fp8", "torchax"),
+                                                 ("qwen3_5-moe-fp8", "torch_mlir"), ("qwen3-next-fp8", "torch_mlir")])
+def test_fp8_on_device_buckets_lower_and_equal_eager_and_their_oracle(tiny_model, oracle_dirs, model, importer):
+    """Both lowering checks (``xla_lowering.py``): the FP8 weights are inputs of every bucket graph
+    (converted inside it); XLA:CPU equals eager within the lowering tolerance and the ids equal
+    transformers' fp32 on the device's weights."""
+    from .test_xla_lowering import serve_on_xla
+
+    model_dir = tiny_model(model)
+    backend = serve_on_xla(model, model_dir, FAST_WORKLOAD, (32,), (4,), oracle=False, importer=importer,
+                           num_gpu_blocks_override=24, quantization="fp8")
+    for index, graph in enumerate(backend.aten_graphs):
+        fp8_inputs = [n for n in graph.graph.nodes if n.op == "placeholder" and n.meta["val"].dtype == FP8_DTYPE]
+        assert fp8_inputs, f"bucket {index} takes no FP8 weight"
+        assert backend.buckets[index].contents.op_counts["stablehlo.convert"] > 0
+    check(run_harness(model_dir, FAST_WORKLOAD, quantization="fp8"), oracle_dirs(model_dir, "device"), FAST_WORKLOAD)
