@@ -119,3 +119,47 @@ def test_fp8_on_device_buckets_lower_and_equal_eager_and_their_oracle(tiny_model
         assert fp8_inputs, f"bucket {index} takes no FP8 weight"
         assert backend.buckets[index].contents.op_counts["stablehlo.convert"] > 0
     check(run_harness(model_dir, FAST_WORKLOAD, quantization="fp8"), oracle_dirs(model_dir, "device"), FAST_WORKLOAD)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5-moe-fp8", "qwen3-next-fp8"])
+def test_fp8_on_device_each_rank_requantizes_its_own_share(tiny_model, model):
+    """At TP=2 (every shard smaller than one 128-block) each rank's FP8 weights and scales are
+    :func:`quantize_rows` of its :func:`rank_share` of the dequantized whole; the modules the
+    checkpoint kept in bf16 are the dequantized path's shares."""
+    import types
+
+    import transformers
+
+    from vllm_gdn_neuron.model.parameters import rank_share
+    from vllm_gdn_neuron.shells.neuron.fp8 import quantize_rows
+    from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+    from .runner import NeuronConfigStandIn
+
+    folder = tiny_model(model)
+    config = transformers.AutoConfig.from_pretrained(folder)
+
+    def loaded(tp, rank, quantization):
+        group = types.SimpleNamespace(world_size=tp, rank_in_group=rank, all_reduce=None, all_gather=None)
+        with torch.device("meta"):
+            shell = Qwen3_5NeuronForCausalLM(config, NeuronConfigStandIn(quantization=quantization), tp_group=group)
+        shell.load_weights(folder, "cpu", None)
+        return shell
+
+    whole = dict(loaded(1, 0, None).named_parameters())
+    for rank in range(2):
+        params = dict(loaded(2, rank, "fp8").named_parameters())
+        checked = 0
+        for name, param in params.items():
+            if name.endswith("_scale") or name == "weight_scale" or name.endswith(".weight_scale"):
+                continue
+            share = rank_share(name, whole[name].data, config, 2, rank, vocab_split=True)
+            if param.dtype == FP8_DTYPE:
+                fp8, scale = quantize_rows(share)
+                scale_name = name.replace(".weight", ".weight_scale") if name.endswith(".weight") else f"{name}_scale"
+                assert torch.equal(param.data.view(torch.uint8), fp8.view(torch.uint8)), name
+                torch.testing.assert_close(params[scale_name].data, scale, rtol=0, atol=0, msg=name)
+                checked += 1
+            else:
+                torch.testing.assert_close(param.data, share, rtol=0, atol=0, msg=name)
+        assert checked >= 4 * config.num_hidden_layers  # two mixer projections, two feed-forward weights a layer
