@@ -49,6 +49,13 @@ the vocabulary can be sent as ``prompt_token_ids``.
 | qwen3_5-35b-a3b-real | Qwen3_5MoeForCausalLM | Qwen3.5-35B-A3B: hidden 2048, GDN 16/32 x 128, attention 16/2 x 256, experts of 512 + shared 512 |
 | qwen3-next-real | Qwen3NextForCausalLM | the same dims in the Qwen3-Next layout (vLLM's built-in Qwen3-Next serves it too) |
 
+Block-FP8 twins (``<name>-fp8``: every tiny model, and ``qwen3_5-35b-a3b-real-fp8``) are the
+same seed's checkpoint rewritten in the published block-FP8 layout
+(:func:`quantize_checkpoint`): the projections and every expert (one tensor per expert)
+as float8_e4m3fn with a ``weight_scale_inv`` per 128 x 128 block, the rest bf16, and the
+``quantization_config`` the published ones carry. Tiny weights are smaller than one block:
+their blocks are clipped.
+
 The MoE ones keep ``--experts`` experts (default 8; the published 256 would not fit a
 shared machine) and route the published top-8 (at most ``--experts``) per token.
 """
@@ -63,6 +70,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "configs" / "tiny-models"
 MODELS = ("qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-vl", "qwen3_5-moe-vl")
 REAL_MODELS = ("qwen3_5-2b-real", "qwen3_5-35b-a3b-real", "qwen3-next-real")
+# Block-FP8 twins (``<name>-fp8``, ``FP8_SUFFIX``) of the tiny models and of the real-dims
+# 35B-A3B (the smallest Qwen3.5 published in FP8 with the fewest per-layer weights).
+FP8_SUFFIX = "-fp8"
+FP8_MODELS = tuple(name + FP8_SUFFIX for name in MODELS)
+REAL_FP8_MODELS = ("qwen3_5-35b-a3b-real" + FP8_SUFFIX,)
+# The block scales' dtype: bfloat16 as the Qwen3.5 FP8 releases store them; the Qwen3-Next
+# twin stores float32 ones, so the loaders meet both.
+FP8_SCALE_DTYPE = {"qwen3-next": "float32"}
+ALL_MODELS = MODELS + REAL_MODELS + FP8_MODELS + REAL_FP8_MODELS
 REAL_LAYERS = 4
 REAL_EXPERTS = 8
 
@@ -465,27 +481,29 @@ def build(
     """
     import torch
 
-    if name not in MODELS + REAL_MODELS:
-        raise ValueError(f"name must be one of {list(MODELS + REAL_MODELS)}; got {name!r}")
+    if name not in ALL_MODELS:
+        raise ValueError(f"name must be one of {list(ALL_MODELS)}; got {name!r}")
     if mtp_head_kind not in MTP_HEADS:
         raise ValueError(f"mtp_head_kind must be one of {list(MTP_HEADS)}; got {mtp_head_kind!r}")
-    real = name in REAL_MODELS
+    fp8 = name.endswith(FP8_SUFFIX)
+    base = name[: -len(FP8_SUFFIX)] if fp8 else name
+    real = base in REAL_MODELS
     folder = name if mtp_head_kind == "random" else f"{name}-mtp-{mtp_head_kind}"
     target = out_dir / folder
     staging = staging_folder(target)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    tokenizer = build_tokenizer(published_dims(name)["vocab_size"] if real else VOCAB_SIZE, vision=name in VL_MODELS)
+    tokenizer = build_tokenizer(published_dims(base)["vocab_size"] if real else VOCAB_SIZE, vision=base in VL_MODELS)
     if real:
         # Initialised in bf16 directly: an fp32 copy of a 2.6 GB checkpoint would double the peak.
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
         try:
-            model = build_real_model(name, tokenizer, num_layers, num_experts)
+            model = build_real_model(base, tokenizer, num_layers, num_experts)
         finally:
             torch.set_default_dtype(default_dtype)
     else:
-        model = build_model(name, tokenizer)
+        model = build_model(base, tokenizer)
     sharpen_router(model)
     model = model.to(torch.bfloat16)
     # Tiny: small shards so the loader is exercised on a multi-file checkpoint.
@@ -493,16 +511,59 @@ def build(
     tokenizer.save_pretrained(staging)
     if not real:
         add_mtp_shard(staging, model.config.get_text_config(), seed, mtp_head_kind)
-    if name in VL_MODELS:
+    if base in VL_MODELS:
         save_image_processor(staging, model.config.vision_config)
-    if name == "qwen3_5-vl":  # the MoE one stands for a checkpoint without video support
+    if base == "qwen3_5-vl":  # the MoE one stands for a checkpoint without video support
         save_video_processor(staging, model.config.vision_config)
+    if fp8:
+        quantize_checkpoint(staging, getattr(torch, FP8_SCALE_DTYPE.get(base, "bfloat16")))
     record = {"name": name, "seed": seed, "mtp_head": mtp_head_kind}
     if real:
         record.update(num_layers=num_layers, num_experts=num_experts)
     (staging / "tiny-model.json").write_text(json.dumps(record) + "\n")
     del model
     return move_into_place(staging, target)
+
+
+def quantize_checkpoint(folder: pathlib.Path, scale_dtype) -> None:
+    """Rewrite the bf16 checkpoint in ``folder`` as a block-FP8 one, in the published layout.
+
+    Every tensor :func:`vllm_gdn_neuron.model.fp8.is_quantized_weight` names becomes
+    float8_e4m3fn plus its ``_scale_inv`` (``scale_dtype``, one value per 128 x 128 block,
+    clipped at the edges: every tiny weight is one clipped block); the rest stays bf16.
+    ``config.json`` gains the published ``quantization_config``, whose
+    ``modules_to_not_convert`` names every kept 2-D weight's module by its full checkpoint
+    name (``model.language_model.layers.0.mlp.gate`` in a vision-language wrapper).
+    """
+    from safetensors.torch import load_file, save_file
+
+    from vllm_gdn_neuron.model import fp8
+
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    weight_map, kept, total = {}, set(), 0
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = {}
+        for name, tensor in load_file(str(folder / shard)).items():
+            if fp8.is_quantized_weight(name):
+                tensors[name], tensors[fp8.scale_name(name)] = fp8.quantize_blocks(tensor, fp8.BLOCK_SIZE, scale_dtype)
+            else:
+                tensors[name] = tensor
+                if name.endswith(".weight") and tensor.dim() == 2:
+                    kept.add(name[: -len(".weight")])
+        save_file(tensors, str(folder / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, shard))
+        total += sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    index["weight_map"] = dict(sorted(weight_map.items()))
+    index.setdefault("metadata", {})["total_size"] = total
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = {
+        "quant_method": fp8.FP8_METHOD, "fmt": fp8.SUPPORTED_FMT, "activation_scheme": fp8.SUPPORTED_ACTIVATION_SCHEME,
+        "weight_block_size": list(fp8.BLOCK_SIZE), "modules_to_not_convert": sorted(kept),
+    }
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def staging_folder(target: pathlib.Path) -> pathlib.Path:
@@ -525,8 +586,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="folder to build into")
     parser.add_argument(
-        "--only", choices=MODELS + REAL_MODELS, action="append",
-        help="build only these (repeatable; default: every tiny model)",
+        "--only", choices=ALL_MODELS, action="append",
+        help="build only these (repeatable; default: every tiny model and its FP8 twin)",
     )
     parser.add_argument("--if-missing", action="store_true", help="skip models whose folder already exists")
     parser.add_argument("--layers", type=int, default=REAL_LAYERS, help="layers of a real-dims model")
@@ -534,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mtp-head", choices=MTP_HEADS, default="random",
                         help="the tiny models' MTP head (not 'random': built as <name>-mtp-<kind>)")
     args = parser.parse_args(argv)
-    for name in args.only or MODELS:
+    for name in args.only or MODELS + FP8_MODELS:
         folder = name if args.mtp_head == "random" else f"{name}-mtp-{args.mtp_head}"
         if args.if_missing and (args.out / folder / "config.json").exists():
             continue
