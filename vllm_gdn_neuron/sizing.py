@@ -111,6 +111,14 @@ PUBLISHED = {
 }
 
 
+# The block-FP8 releases: the same dimensions as the bf16 checkpoint they were quantized from.
+PUBLISHED.update({
+    f"{name}-FP8": (class_name, overrides, f"{source}; the FP8 release has the bf16 checkpoint's dimensions")
+    for name, (class_name, overrides, source) in list(PUBLISHED.items())
+    if name in ("Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-35B-A3B")
+})
+
+
 def published_dims(name: str) -> ModelDims:
     """The built-in dimensions of a published checkpoint (see :data:`PUBLISHED`)."""
     if name not in PUBLISHED:
