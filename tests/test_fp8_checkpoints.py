@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scripts import build_tiny_models as builder
-from tests.model.test_fp8 import _quantize_loop
+from tests.support.fp8 import quantize_loop
 from vllm_gdn_neuron.model import fp8
 
 
@@ -38,7 +38,7 @@ def test_fp8_twin_is_the_bf16_checkpoint_block_quantized(tiny_model, name):
     assert set(quantized) == set(bf16) | {fp8.scale_name(key) for key in fp8_names}
     for key, weight in bf16.items():
         if key in fp8_names:
-            q_ref, scale_ref = _quantize_loop(weight, fp8.BLOCK_SIZE, scale_dtype)
+            q_ref, scale_ref = quantize_loop(weight, fp8.BLOCK_SIZE, scale_dtype)
             scale = quantized[fp8.scale_name(key)]
             assert scale.dtype == scale_dtype and scale.shape == fp8.scale_shape(weight.shape)
             torch.testing.assert_close(scale.double(), scale_ref, rtol=0, atol=0)

@@ -187,6 +187,29 @@ def prepare_config(vllm_config) -> None:
     )
 
 
+def prepare_model_config(model_config) -> None:
+    """Check a quantized checkpoint and have vLLM load a block-FP8 one as an unquantized one.
+
+    Runs on the model config before vLLM reads its quantization: refuses any quantization
+    but block-FP8, and a block-FP8 checkpoint whose scales do not match its weights (read
+    from a local folder's shard headers, before any weight loads;
+    :func:`vllm_gdn_neuron.model.fp8.check_quantized_checkpoint`). A block-FP8 checkpoint's
+    ``quantization_config`` then moves out of vLLM's sight
+    (:func:`vllm_gdn_neuron.shells.vllm.weights.hold_dequantized`): vLLM builds the layers
+    unquantized, in any dtype, and the loader dequantizes the weights into them.
+    """
+    import pathlib
+
+    from vllm_gdn_neuron.model.fp8 import check_quantized_checkpoint
+    from vllm_gdn_neuron.shells.vllm.weights import hold_dequantized
+
+    quantization_config = getattr(model_config.hf_config, "quantization_config", None)
+    local = pathlib.Path(model_config.model)
+    check_quantized_checkpoint(quantization_config, model_config.quantization, folder=local if local.is_dir() else None)
+    if quantization_config:
+        hold_dequantized(model_config)
+
+
 def _config_hook(base):
     """A ``MODELS_CONFIG_MAP`` entry running vLLM's own hook for the name (if any), then ours."""
     from vllm.model_executor.models.config import VerifyAndUpdateConfig
@@ -199,6 +222,7 @@ def _config_hook(base):
         def verify_and_update_model_config(model_config) -> None:
             if base is not None:
                 base.verify_and_update_model_config(model_config)
+            prepare_model_config(model_config)
 
         @staticmethod
         def verify_and_update_config(vllm_config) -> None:

@@ -90,7 +90,7 @@ def load_checkpoint(model: str) -> Checkpoint:
     checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name,
                             vision=config.get("vision_config") if "text_config" in config else None)
     try:
-        check_servable(checkpoint, config.get("quantization_config"))
+        check_servable(checkpoint, config.get("quantization_config"), folder=path if path.is_dir() else None)
     except ValueError as error:
         raise CheckpointError(f"MODEL {model!r}: {error}") from None
     return checkpoint
@@ -110,22 +110,24 @@ _VISION_DEFAULTS = dict(
 )
 
 
-def check_servable(checkpoint: Checkpoint, quantization_config: dict | None) -> None:
+def check_servable(checkpoint: Checkpoint, quantization_config: dict | None, folder: pathlib.Path | None = None) -> None:
     """The plugin's own start-up refusals, run on the config before vLLM starts: the model
     definition's (:func:`vllm_gdn_neuron.model.checks.check_text_config`, at one rank), the
-    GatedDeltaNet cache's on vLLM's defaults (:func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`:
-    quantization), and the weights' dtype.
+    GatedDeltaNet cache's on vLLM's defaults (:func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`),
+    a quantized checkpoint other than block-FP8 or, in a local ``folder``, one whose FP8 scales do
+    not match its weights (:func:`vllm_gdn_neuron.model.fp8.check_quantized_checkpoint`), and the
+    weights' dtype.
 
     Raises:
         ValueError: as the plugin would at start-up (the message names the setting).
     """
     from vllm_gdn_neuron.model.checks import check_text_config
+    from vllm_gdn_neuron.model.fp8 import check_quantized_checkpoint
     from vllm_gdn_neuron.model.gdn_cache import check_gdn_config
 
-    quantization = (quantization_config or {}).get("quant_method", "unknown") if quantization_config else None
     check_text_config(checkpoint.text, tp_size=1)
-    check_gdn_config(checkpoint.text, tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto",
-                     quantization=quantization)
+    check_gdn_config(checkpoint.text, tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto")
+    check_quantized_checkpoint(quantization_config, folder=folder)
     if checkpoint.dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(WEIGHT_DTYPES)}; got {checkpoint.dtype!r}")
 

@@ -135,7 +135,10 @@ def test_a_folder_without_weights_is_refused(capsys, tmp_path, dense):
     ("changes", "message"),
     [
         ({"architectures": ["LlamaForCausalLM"]}, "architecture \\['LlamaForCausalLM'\\] is not served by vllm-gdn-neuron"),
-        ({"quantization_config": {"quant_method": "fp8"}}, "quantized checkpoints are not supported"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": 4}},
+         "quantization 'gptq' is not supported by the vllm-gdn-neuron models: they load unquantized"),
+        ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}},
+         "quantization_config.weight_block_size must be two positive ints .*per-tensor FP8 is not supported"),
         ({"linear_num_value_heads": 3}, "linear_num_value_heads must be a positive multiple of linear_num_key_heads"),
         ({"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]},
          "layer_types\\[1\\] must be 'linear_attention' or 'full_attention'"),
@@ -151,6 +154,28 @@ def test_an_unsupported_checkpoint_is_refused_in_one_line(capsys, tmp_path, dens
 
     err = _refusal(_copy_with(dense, tmp_path / "m", **changes), capsys)
     assert re.search(message, err), err
+
+
+def test_a_block_fp8_checkpoint_passes_and_one_with_a_missing_scale_is_refused_in_one_line(capsys, tmp_path,
+                                                                                             tiny_model):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vllm_gdn_neuron.preflight import load_checkpoint
+
+    load_checkpoint(tiny_model("qwen3_5-dense-fp8"))
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model("qwen3_5-dense-fp8"), folder)
+    name = "model.layers.3.self_attn.o_proj.weight_scale_inv"
+    for shard in folder.glob("*.safetensors"):
+        tensors = load_file(str(shard))
+        if tensors.pop(name, None) is not None:
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+    capsys.readouterr()  # the builder's progress output
+    err = _refusal(str(folder), capsys)
+    assert (f"{name}: missing; the FP8 weight model.layers.3.self_attn.o_proj.weight (64, 128) needs block scales "
+            f"of shape (1, 1)") in err, err
 
 
 def test_an_unreachable_hub_id_is_refused_in_one_line():

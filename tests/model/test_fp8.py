@@ -3,59 +3,12 @@
 import pytest
 import torch
 
+from tests.support.fp8 import blocks, dequantize_loop, quantize_loop
 from vllm_gdn_neuron.model import fp8
 
 # Shapes on, off and under the 128-block: one clipped block, clipped last row / column blocks, exact blocks.
 SHAPES = [(1, 1), (64, 32), (127, 129), (128, 128), (130, 257), (256, 64)]
 BLOCKS = [(128, 128), (4, 3)]
-
-
-def _e4m3_table() -> tuple[torch.Tensor, torch.Tensor]:
-    """Every finite non-negative-zero float8_e4m3fn value, sorted, in float64, with its bit pattern."""
-    bits = torch.arange(256, dtype=torch.int32)
-    values = bits.to(torch.uint8).view(torch.float8_e4m3fn).double()
-    keep = values.isfinite() & ~((values == 0) & (bits >= 128))  # one zero
-    order = values[keep].argsort()
-    return values[keep][order], bits[keep][order]
-
-
-def _nearest_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Round float64 values to the nearest e4m3fn value, ties to the even bit pattern (saturating at +-448)."""
-    table, bits = _e4m3_table()
-    x = x.clamp(table[0], table[-1]).contiguous()
-    upper_index = torch.searchsorted(table, x).clamp(max=len(table) - 1)
-    lower_index = (upper_index - 1).clamp(min=0)
-    lower, upper = table[lower_index], table[upper_index]
-    below, above = (x - lower).abs(), (upper - x).abs()
-    take_lower = (below < above) | ((below == above) & (bits[lower_index] % 2 == 0))
-    return torch.where(take_lower, lower, upper)
-
-
-def _blocks(shape, block):
-    rows, cols = shape
-    for i, r0 in enumerate(range(0, rows, block[0])):
-        for j, c0 in enumerate(range(0, cols, block[1])):
-            yield i, j, slice(r0, min(r0 + block[0], rows)), slice(c0, min(c0 + block[1], cols))
-
-
-def _dequantize_loop(q: torch.Tensor, scale: torch.Tensor, block) -> torch.Tensor:
-    out = torch.empty(q.shape, dtype=torch.float64)
-    for i, j, rows, cols in _blocks(tuple(q.shape), block):
-        out[rows, cols] = q[rows, cols].double() * scale[i, j].double()
-    return out
-
-
-def _quantize_loop(w: torch.Tensor, block, scale_dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    grid = fp8.scale_shape(tuple(w.shape), block)
-    scale = torch.empty(grid, dtype=torch.float64)
-    q = torch.empty(w.shape, dtype=torch.float64)
-    for i, j, rows, cols in _blocks(tuple(w.shape), block):
-        amax = w[rows, cols].double().abs().max().item()
-        stored = torch.tensor(amax / 448.0 if amax > 0 else 1.0, dtype=torch.float64).to(scale_dtype).double()
-        scale[i, j] = stored
-        # The quotient in float32 (as the quantizer divides), then rounded to e4m3fn here.
-        q[rows, cols] = _nearest_e4m3((w[rows, cols].float() / stored.float()).double())
-    return q, scale
 
 
 def _random_fp8(shape, gen) -> torch.Tensor:
@@ -73,7 +26,7 @@ def test_dequantize_matches_block_loop(shape, block, scale_dtype):
     scale = (torch.rand(fp8.scale_shape(shape, block), generator=gen) * 0.01 + 1e-4).to(scale_dtype)
     out = fp8.dequantize_blocks(q, scale, block)
     assert out.dtype == torch.float32 and out.shape == shape
-    torch.testing.assert_close(out.double(), _dequantize_loop(q, scale, block), rtol=2**-24, atol=0)
+    torch.testing.assert_close(out.double(), dequantize_loop(q, scale, block), rtol=2**-24, atol=0)
 
 
 @pytest.mark.parametrize("block", BLOCKS)
@@ -84,14 +37,14 @@ def test_quantize_matches_block_loop(shape, block, scale_dtype):
     w = torch.randn(shape, generator=gen) * torch.logspace(-3, 1, shape[1])  # columns of very different scale
     w[: block[0], : block[1]] = 0  # an all-zero block: scale 1
     q, scale = fp8.quantize_blocks(w, block, scale_dtype)
-    q_ref, scale_ref = _quantize_loop(w, block, scale_dtype)
+    q_ref, scale_ref = quantize_loop(w, block, scale_dtype)
     assert q.dtype == torch.float8_e4m3fn and scale.dtype == scale_dtype
     assert scale.shape == fp8.scale_shape(shape, block)
     torch.testing.assert_close(scale.double(), scale_ref, rtol=0, atol=0)
     torch.testing.assert_close(q.double(), q_ref, rtol=0, atol=0)
     # The round trip is within half an e4m3 step (2^-4 relative) of each block's own values.
     back = fp8.dequantize_blocks(q, scale, block).double()
-    for i, j, rows, cols in _blocks(shape, block):
+    for i, j, rows, cols in blocks(shape, block):
         step = scale[i, j].double() * 2**-9  # e4m3fn's smallest subnormal, in the block's units
         bound = w[rows, cols].double().abs() * 2**-4 + step
         assert ((back[rows, cols] - w[rows, cols].double()).abs() <= bound).all()
@@ -215,7 +168,7 @@ def test_dequantized_tensors_stream(scale_first):
     assert list(out) == ["n.weight", "a.weight", "m.weight"]
     assert out["n.weight"] is norm
     assert out["a.weight"].dtype == torch.bfloat16
-    torch.testing.assert_close(out["a.weight"].double(), _dequantize_loop(q, scale, (128, 128)).bfloat16().double(),
+    torch.testing.assert_close(out["a.weight"].double(), dequantize_loop(q, scale, (128, 128)).bfloat16().double(),
                                rtol=0, atol=0)
 
 

@@ -48,7 +48,8 @@ def test_state_dtypes_default_to_model_dtype_conv_and_fp32_recurrent():
         (dict(num_speculative_tokens=2, prefix_caching=True),
          "speculative decoding with prefix caching.*got num_speculative_tokens=2, enable_prefix_caching=True"),
         (dict(mamba_ssm_cache_dtype="float16"), "mamba_ssm_cache_dtype must be one of"),
-        (dict(quantization="fp8"), "quantized checkpoints are not supported.*got quantization='fp8'"),
+        (dict(quantization="gptq"), "quantization 'gptq' is not supported by the vllm-gdn-neuron models: they load "
+                                    "unquantized .* and block-FP8 ones .*; got quantization='gptq'"),
     ],
 )
 def test_unservable_configs_are_refused(kwargs, message):
@@ -62,3 +63,4 @@ def test_servable_config_passes():
     check_gdn_config(_config(), tp_size=2, num_speculative_tokens=0, mamba_ssm_cache_dtype="bfloat16")
     check_gdn_config(_config(), tp_size=1, num_speculative_tokens=3, mamba_ssm_cache_dtype="auto",
                      prefix_caching=False)
+    check_gdn_config(_config(), tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto", quantization="fp8")

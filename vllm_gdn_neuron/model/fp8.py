@@ -240,6 +240,54 @@ def check_fp8_config(quantization_config: Mapping) -> None:
         )
 
 
+#: The ``quant_method`` values of checkpoints the models load (besides unquantized ones).
+SUPPORTED_QUANTIZATION = (FP8_METHOD,)
+
+
+def check_quantization_method(method: str | None) -> None:
+    """Refuse a quantization method other than block-FP8 (``None``: an unquantized checkpoint).
+
+    Raises:
+        ValueError: naming the method and what is supported.
+    """
+    if method is not None and method not in SUPPORTED_QUANTIZATION:
+        raise ValueError(
+            f"quantization {method!r} is not supported by the vllm-gdn-neuron models: they load unquantized "
+            f"(bf16 / fp16 / fp32) checkpoints and block-FP8 ones (quant_method {FP8_METHOD!r}, fmt "
+            f"{SUPPORTED_FMT!r}, weight_block_size [128, 128]); got quantization={method!r}"
+        )
+
+
+def check_quantized_checkpoint(quantization_config: Mapping | None, method: str | None = None, folder=None) -> None:
+    """Refuse, before any weight is read, a quantized checkpoint the models cannot load.
+
+    Args:
+        quantization_config: the checkpoint's ``config.json`` ``quantization_config`` (None: unquantized).
+        method: the quantization the engine was asked for (vLLM's ``--quantization``, or the
+            one it read from the config), None for none.
+        folder: the checkpoint folder, when local: its FP8 weights' scales are checked from
+            the shards' headers (:func:`check_checkpoint_scales`).
+
+    Raises:
+        ValueError: another method than block-FP8 (the config's or ``method``), online
+            quantization of an unquantized checkpoint, a block-FP8 config other than the
+            published format, or missing / mis-shaped scales (naming the tensor).
+    """
+    if not quantization_config:
+        if method is not None:
+            raise ValueError(
+                f"quantization={method!r} on an unquantized checkpoint (quantizing while loading) is not supported "
+                f"by the vllm-gdn-neuron models; serve it unquantized, or serve a block-FP8 checkpoint "
+                f"(quantization_config.quant_method {FP8_METHOD!r})"
+            )
+        return
+    check_quantization_method(quantization_config.get("quant_method", "unknown"))
+    check_quantization_method(method)
+    check_fp8_config(quantization_config)
+    if folder is not None:
+        check_checkpoint_scales(read_tensor_headers(folder), block_size_of(quantization_config))
+
+
 def dequantized_tensors(
     weights: Iterable[tuple[str, torch.Tensor]], block_size: tuple[int, int] = BLOCK_SIZE,
     dtype: torch.dtype = torch.float32,

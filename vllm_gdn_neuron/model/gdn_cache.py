@@ -19,6 +19,7 @@ import torch
 from vllm_gdn_neuron.model.checks import check_gdn_heads
 from vllm_gdn_neuron.model.dims import GDNDims
 from vllm_gdn_neuron.model.dtypes import DTYPES
+from vllm_gdn_neuron.model.fp8 import check_quantization_method
 
 _SUPPORTED_SSM_DTYPES = ("auto", "float32", "bfloat16")
 
@@ -81,11 +82,7 @@ def check_gdn_config(
             "kernels); turn one off: --no-enable-prefix-caching, or no --speculative-config; got "
             f"num_speculative_tokens={num_speculative_tokens}, enable_prefix_caching={prefix_caching}"
         )
-    if quantization is not None:
-        raise ValueError(
-            "quantized checkpoints are not supported by the vllm-gdn-neuron models (they load "
-            f"unquantized bf16/fp32 weights only); got quantization={quantization!r}"
-        )
+    check_quantization_method(quantization)
     if mamba_ssm_cache_dtype not in _SUPPORTED_SSM_DTYPES:
         raise ValueError(
             f"mamba_ssm_cache_dtype must be one of {_SUPPORTED_SSM_DTYPES}; got {mamba_ssm_cache_dtype!r}"

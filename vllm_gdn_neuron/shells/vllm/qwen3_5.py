@@ -46,7 +46,7 @@ from vllm_gdn_neuron.shells.vision_processing import (
     Qwen3_5VisionProcessingInfo,
     placeholder_str,
 )
-from vllm_gdn_neuron.shells.vllm.weights import plan_loads
+from vllm_gdn_neuron.shells.vllm.weights import DEQUANTIZED_CONFIG_KEY, dequantizing, plan_loads
 
 # Under the "vllm" logger so vLLM's log configuration prints it.
 logger = init_logger(f"vllm.plugins.{__name__}")
@@ -111,9 +111,21 @@ def _copy_whole_state(
 
 
 class CheckpointLoader:
-    """Loads Hugging Face checkpoint tensors (either GDN layout, sharded or not) into a module's
-    vLLM parameters; the module (a :class:`CausalLM`: ``config``, ``tie_word_embeddings``) names
-    which tensors it takes (:meth:`checkpoint_tensor_name`)."""
+    """Loads Hugging Face checkpoint tensors (either GDN layout, sharded or not, block-FP8 ones
+    dequantized to ``weight_dtype``) into a module's vLLM parameters; the module (a
+    :class:`CausalLM`: ``config``, ``tie_word_embeddings``; ``checkpoint_config``, the
+    checkpoint's top-level config) names which tensors it takes (:meth:`checkpoint_tensor_name`)."""
+
+    checkpoint_config = None
+    weight_dtype = torch.float32
+
+    def take_checkpoint_config(self, model_config) -> None:
+        """Keep what loading needs of the engine's model config: the checkpoint's config and the
+        dtype the weights are held in; say how a block-FP8 checkpoint is held."""
+        self.checkpoint_config, self.weight_dtype = model_config.hf_config, model_config.dtype
+        if getattr(self.checkpoint_config, DEQUANTIZED_CONFIG_KEY, None):
+            logger.info("vllm-gdn-neuron: block-FP8 checkpoint: weights dequantized to %s at load (held and run "
+                        "in %s, as an unquantized checkpoint)", self.weight_dtype, self.weight_dtype)
 
     def checkpoint_tensor_name(self, checkpoint_name: str) -> str | None:
         """This module's name of a checkpoint tensor, or None for one it does not take."""
@@ -131,7 +143,7 @@ class CheckpointLoader:
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         skipped: list[str] = []
-        for checkpoint_name, tensor in weights:
+        for checkpoint_name, tensor in dequantizing(weights, self.checkpoint_config, self.weight_dtype):
             name = self.checkpoint_tensor_name(checkpoint_name)
             if name is None:
                 skipped.append(checkpoint_name)
@@ -177,6 +189,7 @@ class Qwen3_5ForCausalLM(CheckpointLoader, CausalLM, HasInnerState, IsHybrid):
         config, parts = model_config.hf_text_config, VllmDecoderParts(vllm_config)
         super().__init__(config, parts, TextModel(config, parts, prefix="model"),
                          ties_word_embeddings(model_config.hf_config))
+        self.take_checkpoint_config(model_config)
 
     def forward(
         self,

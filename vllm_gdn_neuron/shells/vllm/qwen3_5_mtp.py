@@ -32,6 +32,7 @@ class Qwen3_5MTP(CheckpointLoader, CausalLM):
         config, parts = model_config.hf_text_config, VllmDecoderParts(vllm_config)
         super().__init__(config, parts, MultiTokenPredictor(config, parts, prefix="mtp"),
                          ties_word_embeddings(model_config.hf_config))
+        self.take_checkpoint_config(model_config)
 
     def forward(
         self,
