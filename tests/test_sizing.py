@@ -24,6 +24,9 @@ from vllm_gdn_neuron.units import GiB, MiB
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRN2_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
+# The published block-FP8 checkpoints' quantization_config.
+FP8_RELEASE_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]}
 
 
 def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
@@ -271,7 +274,7 @@ def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
 
     import transformers
 
-    from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config, check_text_config
+    from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config, check_quantization, check_text_config
 
     settings = yaml.safe_load(path.read_text())
     class_name, overrides, _ = sizing.PUBLISHED[settings["model"]]
@@ -281,6 +284,11 @@ def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
     # NeuronConfig.from_dict makes the sampling dict an OnDeviceSamplingConfig (attributes).
     neuron_config.on_device_sampling_config = types.SimpleNamespace(**neuron_config.on_device_sampling_config)
     check_neuron_config(neuron_config, text_config, settings["max-model-len"], settings["max-num-seqs"])
+    # A block-FP8 release carries the published quantization_config (read by the shell as the checkpoint's).
+    fp8_release = settings["model"].endswith("-FP8")
+    quantization_config = dict(FP8_RELEASE_QUANTIZATION) if fp8_release else None
+    on_device = check_quantization(quantization_config, getattr(neuron_config, "quantization", None))
+    assert on_device is (getattr(neuron_config, "quantization", None) == "fp8")
 
 
 def _shell_bytes_per_core(name: str, tp: int, fp8: bool) -> int:
