@@ -281,7 +281,7 @@ class Settings:
         lines = [
             f"vllm-gdn-serve: {checkpoint.source} ({checkpoint.architecture}), "
             f"{format_count(parameter_count(checkpoint.text))} parameters",
-            f"  weights {format_bytes(self.weights)} ({self.dtype}); memory available "
+            f"  weights {format_bytes(self.weights)} ({self.dtype}{held_as(checkpoint)}); memory available "
             f"{format_bytes(self.available)} ({self.available_source}); runtime {format_bytes(RUNTIME_BYTES)}",
             *(f"  vLLM's CPU worker {w.rank} ({cpu_memory.BIND_ENV}={bind}: CPUs "
               f"{cpu_memory.format_id_list(w.cpus)}) checks NUMA node {w.node}: {format_bytes(w.memory.available)} "
@@ -298,6 +298,11 @@ class Settings:
                     "tokens by the figures above; its log says 'Auto-fit max_model_len')"
                 )
         return "\n".join(lines)
+
+
+def held_as(checkpoint: Checkpoint) -> str:
+    """How a quantized checkpoint's weights are held once loaded ("" for an unquantized one)."""
+    return ", block-FP8 checkpoint dequantized at load" if checkpoint.quantization else ""
 
 
 def builds_vision_tower(given: dict[str, str | None]) -> bool:

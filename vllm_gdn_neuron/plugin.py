@@ -195,13 +195,12 @@ def prepare_model_config(model_config) -> None:
     from a local folder's shard headers, before any weight loads;
     :func:`vllm_gdn_neuron.model.fp8.check_quantized_checkpoint`). A block-FP8 checkpoint's
     ``quantization_config`` then moves out of vLLM's sight
-    (:func:`vllm_gdn_neuron.shells.vllm.weights.hold_dequantized`): vLLM builds the layers
+    (:func:`vllm_gdn_neuron.model.fp8.hold_dequantized`): vLLM builds the layers
     unquantized, in any dtype, and the loader dequantizes the weights into them.
     """
     import pathlib
 
-    from vllm_gdn_neuron.model.fp8 import check_quantized_checkpoint
-    from vllm_gdn_neuron.shells.vllm.weights import hold_dequantized
+    from vllm_gdn_neuron.model.fp8 import check_quantized_checkpoint, hold_dequantized
 
     quantization_config = getattr(model_config.hf_config, "quantization_config", None)
     local = pathlib.Path(model_config.model)

@@ -45,6 +45,8 @@ class Checkpoint:
         name: the name to serve it under: the folder's name, or the repo id.
         vision: the vision tower's config fields (``vision_config``) of a vision-language
             checkpoint, else None.
+        quantization: the checkpoint's ``quant_method`` (``"fp8"``: block-FP8 weights, which
+            the plugin dequantizes to ``dtype`` at load), None for an unquantized checkpoint.
     """
 
     source: str
@@ -53,6 +55,7 @@ class Checkpoint:
     dtype: str
     name: str
     vision: dict | None = None
+    quantization: str | None = None
 
 
 def load_checkpoint(model: str) -> Checkpoint:
@@ -88,7 +91,8 @@ def load_checkpoint(model: str) -> Checkpoint:
     text = types.SimpleNamespace(**{**_TEXT_DEFAULTS, **fields, "rope_parameters": rope_parameters})
     dtype = str(fields.get("dtype") or fields.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype") or "bfloat16")
     checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name,
-                            vision=config.get("vision_config") if "text_config" in config else None)
+                            vision=config.get("vision_config") if "text_config" in config else None,
+                            quantization=(config.get("quantization_config") or {}).get("quant_method"))
     try:
         check_servable(checkpoint, config.get("quantization_config"), folder=path if path.is_dir() else None)
     except ValueError as error:

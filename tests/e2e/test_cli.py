@@ -178,6 +178,19 @@ def test_a_block_fp8_checkpoint_passes_and_one_with_a_missing_scale_is_refused_i
             f"of shape (1, 1)") in err, err
 
 
+def test_a_block_fp8_checkpoints_weights_count_as_held_dequantized(tiny_model, monkeypatch, capsys):
+    from vllm_gdn_neuron.preflight import load_checkpoint, weight_bytes
+
+    fp8, bf16 = load_checkpoint(tiny_model("qwen3_5-moe-fp8")), load_checkpoint(tiny_model("qwen3_5-moe"))
+    assert (fp8.quantization, fp8.dtype, bf16.quantization) == ("fp8", "bfloat16", None)
+    monkeypatch.setenv(cli.MEMORY_ENV, "8")
+    capsys.readouterr()  # the builder's progress output
+    cli.serve_args([tiny_model("qwen3_5-moe-fp8"), "--port", "9"])
+    report = capsys.readouterr().err
+    held = weight_bytes(bf16.text, "bfloat16")  # the bf16 twin's bytes: what the dequantized weights hold
+    assert f"weights {cli.format_bytes(held)} (bfloat16, block-FP8 checkpoint dequantized at load)" in report, report
+
+
 def test_an_unreachable_hub_id_is_refused_in_one_line():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(["vllm-gdn-serve", "no-such-org/no-such-model"], capture_output=True, text=True,

@@ -16,12 +16,7 @@ import torch
 
 from tests.support.engines import engine
 from tests.support.fp8 import dequantized_twin
-from tests.support.oracle import (
-    assert_greedy_matches,
-    hf_bf16_oracle_in_subprocess,
-    hf_greedy,
-    hf_greedy_in_subprocess,
-)
+from tests.support.oracle import assert_greedy_matches, hf_bf16_oracle_in_subprocess, hf_greedy
 from tests.support.serving import REPO, completion, free_port, serving_process
 
 PROMPTS = [[7], [(5 * i + 3) % 500 + 3 for i in range(90)]]
@@ -87,6 +82,17 @@ def test_fp8_checkpoint_in_bf16_gives_transformers_bf16_ids(tiny_model, twin):
     for ids, prompt in zip(got, PROMPTS):
         want, want_logits = hf_greedy(twin("qwen3_5-moe-fp8"), torch.bfloat16, prompt, MAX_TOKENS)
         assert_greedy_matches(ids, want, want_logits, torch.bfloat16)
+
+
+@pytest.mark.slow
+def test_fp8_mtp_head_drafts_for_the_fp8_target(tiny_model, twin):
+    """The MTP drafter reads the same FP8 checkpoint (its head's projections are FP8 too), dequantized
+    the same way: greedy speculative decoding keeps transformers' fp32 ids."""
+    spec = dict(speculative_config={"method": "mtp", "num_speculative_tokens": 2}, enable_prefix_caching=False)
+    got = _engine_ids(tiny_model("qwen3_5-moe-fp8"), "float32", **spec)
+    for ids, prompt in zip(got, PROMPTS):
+        want, want_logits = hf_greedy(twin("qwen3_5-moe-fp8"), torch.float32, prompt, MAX_TOKENS)
+        assert_greedy_matches(ids, want, want_logits, torch.float32)
 
 
 @pytest.mark.slow

@@ -288,6 +288,32 @@ def check_quantized_checkpoint(quantization_config: Mapping | None, method: str 
         check_checkpoint_scales(read_tensor_headers(folder), block_size_of(quantization_config))
 
 
+# Where :func:`hold_dequantized` keeps a block-FP8 checkpoint's quantization_config on the config.
+DEQUANTIZED_CONFIG_KEY = "vllm_gdn_neuron_fp8_config"
+
+
+def hold_dequantized(model_config) -> None:
+    """Serve a block-FP8 checkpoint dequantized: its ``quantization_config`` moves from the
+    checkpoint's config (and vLLM's view of it, ``model_config`` being vLLM's ``ModelConfig``)
+    to ``DEQUANTIZED_CONFIG_KEY``, so vLLM builds unquantized layers in any dtype and a shell's
+    loader finds the format there (:func:`held_fp8_config`) to dequantize the weights."""
+    hf_config = model_config.hf_config
+    setattr(hf_config, DEQUANTIZED_CONFIG_KEY, hf_config.quantization_config)
+    for config in {id(c): c for c in (hf_config, model_config.hf_text_config)}.values():
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+    arch_config = getattr(model_config, "model_arch_config", None)  # vLLM 0.32's view of the config
+    if arch_config is not None:
+        arch_config.quantization_config = None
+    if model_config.quantization == FP8_METHOD:
+        model_config.quantization = None
+
+
+def held_fp8_config(hf_config) -> Mapping | None:
+    """The ``quantization_config`` :func:`hold_dequantized` moved aside (None: the weights are not block-FP8)."""
+    return getattr(hf_config, DEQUANTIZED_CONFIG_KEY, None)
+
+
 def dequantized_tensors(
     weights: Iterable[tuple[str, torch.Tensor]], block_size: tuple[int, int] = BLOCK_SIZE,
     dtype: torch.dtype = torch.float32,

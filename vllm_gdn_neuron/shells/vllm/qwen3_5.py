@@ -33,6 +33,7 @@ from vllm.sequence import IntermediateTensors
 from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
 from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
+from vllm_gdn_neuron.model.fp8 import held_fp8_config
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.model.vision import VisionTower, prompt_mrope_positions, vision_grid_inputs
@@ -46,7 +47,7 @@ from vllm_gdn_neuron.shells.vision_processing import (
     Qwen3_5VisionProcessingInfo,
     placeholder_str,
 )
-from vllm_gdn_neuron.shells.vllm.weights import DEQUANTIZED_CONFIG_KEY, dequantizing, plan_loads
+from vllm_gdn_neuron.shells.vllm.weights import dequantizing, plan_loads
 
 # Under the "vllm" logger so vLLM's log configuration prints it.
 logger = init_logger(f"vllm.plugins.{__name__}")
@@ -123,7 +124,7 @@ class CheckpointLoader:
         """Keep what loading needs of the engine's model config: the checkpoint's config and the
         dtype the weights are held in; say how a block-FP8 checkpoint is held."""
         self.checkpoint_config, self.weight_dtype = model_config.hf_config, model_config.dtype
-        if getattr(self.checkpoint_config, DEQUANTIZED_CONFIG_KEY, None):
+        if held_fp8_config(self.checkpoint_config):
             logger.info("vllm-gdn-neuron: block-FP8 checkpoint: weights dequantized to %s at load (held and run "
                         "in %s, as an unquantized checkpoint)", self.weight_dtype, self.weight_dtype)
 
