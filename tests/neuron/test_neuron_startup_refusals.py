@@ -320,3 +320,20 @@ def test_from_configs_reads_the_engine_limits_of_the_current_vllm_config(dense_c
         with pytest.raises(ValueError, match=r"neuron_config.num_seqs_buckets must not exceed max_num_seqs=4; got \[2, 8\]"):
             _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 8]))
         _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 4]))
+
+
+def test_fp8_format_held_out_of_vllms_sight_is_still_the_checkpoints(tiny_model):
+    """Under an engine the plugin's config hook moves a block-FP8 ``quantization_config`` aside
+    (``model/fp8.py`` ``hold_dequantized``: vLLM, and vllm-neuron's platform, then see an unquantized
+    model); the shell reads it there: dequantized by default, FP8 on the device on opt-in."""
+    import transformers
+
+    from vllm_gdn_neuron.model import fp8
+
+    config = transformers.AutoConfig.from_pretrained(tiny_model("qwen3_5-moe-vl-fp8"))
+    fp8.hold_dequantized(types.SimpleNamespace(hf_config=config, hf_text_config=config.text_config,
+                                               model_arch_config=None, quantization=None))
+    assert getattr(config, "quantization_config", None) is None
+    for neuron_config, on_device in [(None, False), (NeuronConfigStandIn(quantization="fp8"), True)]:
+        model = _build(config, neuron_config)
+        assert (model.checkpoint_block_size, model.fp8_on_device) == ((128, 128), on_device)

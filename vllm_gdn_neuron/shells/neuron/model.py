@@ -40,7 +40,7 @@ from vllm_gdn_neuron.model.vision import prompt_mrope_positions
 from vllm_gdn_neuron.shells.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
 from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, bind_allocations
-from vllm_gdn_neuron.model.fp8 import block_size_of
+from vllm_gdn_neuron.model.fp8 import block_size_of, held_fp8_config
 from vllm_gdn_neuron.shells.neuron.checks import (check_engine_config, check_neuron_config, check_quantization,
                                            check_speculative_config, check_text_config, check_vision_neuron_config)
 from vllm_gdn_neuron.shells.neuron.fp8 import keep_fp8_on_device
@@ -60,11 +60,13 @@ from vllm_gdn_neuron.shells.neuron.vision_tower import (NeuronVisionTower, Visio
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
 
 def checkpoint_quantization(hf_config) -> dict | None:
-    """The checkpoint's ``quantization_config`` (top-level, or its text config's), or None."""
+    """The checkpoint's ``quantization_config`` (top-level, or its text config's), or the one the
+    plugin's config hook moved out of vLLM's sight under an engine
+    (:func:`vllm_gdn_neuron.model.fp8.held_fp8_config`); None for an unquantized checkpoint."""
     for config in (hf_config, getattr(hf_config, "text_config", None)):
-        quantization = getattr(config, "quantization_config", None)
+        quantization = getattr(config, "quantization_config", None) or held_fp8_config(config)
         if quantization:
-            return dict(quantization) if not isinstance(quantization, dict) else quantization
+            return dict(quantization)
     return None
 
 
