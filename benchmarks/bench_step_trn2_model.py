@@ -130,8 +130,9 @@ def priced_model_class(tp: int):
     class PricedQwen3_5(Qwen3_5NeuronForCausalLM):
         @classmethod
         def from_configs(cls, hf_config, neuron_config=None, *, text_neuron_config=None, vision_neuron_config=None):
+            # The text decoder (the shipped configs take no images: limit-mm-per-prompt 0).
             return cls(hf_config, neuron_config if neuron_config is not None else text_neuron_config,
-                       tp_group=PricedGroup(tp), vision_neuron_config=vision_neuron_config)
+                       tp_group=PricedGroup(tp))
 
         def load_weights(self, model_path, device, download_dir=None):
             if self.fp8_on_device:  # converted on the meta device: no weight is touched
