@@ -27,9 +27,16 @@ HBM floor: the weights one step touches on one core (every weight but the embedd
 not gathered; for a MoE the expected distinct experts of ``rows * top_k`` uniform picks) over
 the core's HBM bandwidth.
 
+``--fp8``: each config also with FP8 weights on the device (``neuron_config.quantization:
+"fp8"`` on the published FP8 checkpoint's config, :mod:`vllm_gdn_neuron.shells.neuron.fp8`):
+the projections and experts held in FP8 with per-row scales and widened to bf16 before each
+matmul (``step_model.py`` states how that widening is priced); its HBM floor counts the FP8
+bytes. Configs already on FP8 (a ``quantization: fp8`` in the YAML) are priced as shipped.
+
     python benchmarks/bench_step_trn2_model.py           # all shipped configs, ~10-20 minutes on 2 cores
     python benchmarks/bench_step_trn2_model.py --configs configs/trn2/qwen3_5-2b.yaml
     python benchmarks/bench_step_trn2_model.py --published-tp --top 12   # + the 2B at TP = 4, the costliest nodes
+    python benchmarks/bench_step_trn2_model.py --fp8      # every config in bf16 and with FP8 weights
 
 Writes benchmarks/results/bench_step_trn2_model.png.
 """
@@ -59,6 +66,8 @@ from benchmarks import step_model  # noqa: E402
 from tests.neuron import serve_config  # noqa: E402
 from tests.neuron.runner import GraphRecorder  # noqa: E402
 from vllm_gdn_neuron import sizing  # noqa: E402
+from vllm_gdn_neuron.model import fp8 as fp8_format  # noqa: E402
+from vllm_gdn_neuron.shells.neuron.fp8 import FP8_ON_DEVICE, keep_fp8_on_device  # noqa: E402
 from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -121,10 +130,13 @@ def priced_model_class(tp: int):
     class PricedQwen3_5(Qwen3_5NeuronForCausalLM):
         @classmethod
         def from_configs(cls, hf_config, neuron_config=None, *, text_neuron_config=None, vision_neuron_config=None):
+            # The text decoder (the shipped configs take no images: limit-mm-per-prompt 0).
             return cls(hf_config, neuron_config if neuron_config is not None else text_neuron_config,
-                       tp_group=PricedGroup(tp), vision_neuron_config=vision_neuron_config)
+                       tp_group=PricedGroup(tp))
 
         def load_weights(self, model_path, device, download_dir=None):
+            if self.fp8_on_device:  # converted on the meta device: no weight is touched
+                keep_fp8_on_device(self, {name for name, _ in self.named_parameters()})
             self.to_empty(device=device)
 
     return PricedQwen3_5
@@ -137,17 +149,26 @@ def load_config(path: pathlib.Path) -> dict:
     settings = yaml.safe_load(path.read_text())
     neuron = settings["additional-config"]["neuron_config"]
     return dict(path=path, model=settings["model"], tp=int(settings["tensor-parallel-size"]),
+                fp8=neuron.get("quantization") == FP8_ON_DEVICE,
                 max_model_len=int(settings["max-model-len"]), max_num_seqs=int(settings["max-num-seqs"]),
                 prefill_buckets=list(neuron["num_batched_tokens_buckets"]),
                 decode_buckets=list(neuron["num_seqs_buckets"]))
 
 
-def hf_config_of(name: str, layers: int | None = None):
+# The published block-FP8 checkpoints' quantization_config (the format ``model/fp8.py`` reads).
+FP8_QUANTIZATION_CONFIG = {"quant_method": fp8_format.FP8_METHOD, "fmt": fp8_format.SUPPORTED_FMT,
+                           "activation_scheme": fp8_format.SUPPORTED_ACTIVATION_SCHEME,
+                           "weight_block_size": list(fp8_format.BLOCK_SIZE)}
+
+
+def hf_config_of(name: str, layers: int | None = None, fp8: bool = False):
     import transformers
 
     class_name, overrides, _ = sizing.PUBLISHED[name]
     config = getattr(transformers, class_name)(**overrides)
     config.dtype = torch.bfloat16
+    if fp8:
+        config.quantization_config = dict(FP8_QUANTIZATION_CONFIG)
     if layers is not None:
         config.layer_types = list(config.layer_types[:layers])
         config.num_hidden_layers = layers
@@ -225,9 +246,11 @@ def trace(config: dict, prefill_bucket: int, decode_buckets: list[int]):
     neuron = settings["additional-config"]["neuron_config"]
     neuron["num_batched_tokens_buckets"] = [prefill_bucket]
     neuron["num_seqs_buckets"] = sorted(decode_buckets)
+    if config["fp8"]:
+        neuron["quantization"] = FP8_ON_DEVICE
     recorder = ShapeRecorder()
     with tempfile.TemporaryDirectory() as model_dir:
-        hf_config_of(config["model"], PERIOD).save_pretrained(model_dir)
+        hf_config_of(config["model"], PERIOD, config["fp8"]).save_pretrained(model_dir)
         serve_config.start(priced_model_class(config["tp"]), settings, model_dir, backend=recorder)
     labels = [("prefill", prefill_bucket)] + [("decode", rows) for rows in sorted(decode_buckets)]
     if len(recorder.aten_graphs) != len(labels):
@@ -238,7 +261,10 @@ def trace(config: dict, prefill_bucket: int, decode_buckets: list[int]):
 def weights_touched_bytes(config: dict, rows: int) -> float:
     """Bytes of weights one decode step of ``rows`` reads on one core (the HBM floor's numerator)."""
     with torch.device("meta"):
-        model = Qwen3_5NeuronForCausalLM(hf_config_of(config["model"]), None, tp_group=PricedGroup(config["tp"]))
+        model = Qwen3_5NeuronForCausalLM(hf_config_of(config["model"], fp8=config["fp8"]), None,
+                                         tp_group=PricedGroup(config["tp"]))
+        if config["fp8"]:
+            keep_fp8_on_device(model, {name for name, _ in model.named_parameters()})
     text = model.config
     total = 0.0
     for name, parameter in model.named_parameters():
@@ -282,10 +308,11 @@ def price(graph, config: dict, kind: str, size: int) -> dict:
                 gdn_kernel_layers=len(gdn_layers_seen), heaviest=heaviest)
 
 
-def model_config(path: pathlib.Path, tp: int | None = None) -> dict:
+def model_config(path: pathlib.Path, tp: int | None = None, fp8: bool = False) -> dict:
     config = load_config(path)
     if tp is not None:
         config["tp"] = tp
+    config["fp8"] = config["fp8"] or fp8
     prefill_bucket = next(b for b in config["prefill_buckets"] if b >= PROMPT)
     decode = sorted(set(config["decode_buckets"]) | {1})
     started = time.time()
@@ -301,6 +328,17 @@ def model_config(path: pathlib.Path, tp: int | None = None) -> dict:
 # --- report -------------------------------------------------------------------------------------
 
 
+def model_label(config: dict) -> str:
+    """The checkpoint's short name, ``-FP8`` where its weights are FP8 on the device."""
+    name = config["model"].split("/")[-1]
+    return name + "-FP8" if config["fp8"] and not name.endswith("-FP8") else name
+
+
+def published_anchor(config: dict):
+    """vllm-neuron's published (TTFT, TPOT) of the config's model in bf16 (None for FP8 rows: no such figure)."""
+    return None if config["fp8"] else PUBLISHED.get(config["model"])
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.2f}"
 
@@ -311,8 +349,8 @@ def report(results: list[dict]) -> None:
           f"{'published':>9}  " + " ".join(f"{c:>11}" for c in step_model.CATEGORIES))
     for result in results:
         config = result["config"]
-        name = config["model"].split("/")[-1]
-        published = PUBLISHED.get(config["model"])
+        name = model_label(config)
+        published = published_anchor(config)
         shipped = max(config["decode_buckets"])
         for (kind, size), row in result["rows"].items():
             if kind == "prefill":
@@ -328,14 +366,14 @@ def report(results: list[dict]) -> None:
     print("\nTargets (modeled)")
     for result in results:
         config = result["config"]
-        name = config["model"].split("/")[-1]
+        name = model_label(config)
         for rows_, floor in result["floors"].items():
             total = result["rows"][("decode", rows_)]["total"]
             verdict = "met" if total <= FLOOR_RATIO * floor else "NOT met"
             print(f"  {name} TPOT rows={rows_} within {FLOOR_RATIO}x of the HBM floor: "
                   f"{total / floor:.2f}x  {verdict}")
         target = TARGETS.get(config["model"])
-        if target and config["tp"] == 4:
+        if target and config["tp"] == 4 and not config["fp8"]:
             kind, bound = target
             if kind == "tpot":
                 checks = [(f"TPOT rows={rows_}", result["rows"][("decode", rows_)]["total"]) for rows_ in result["floors"]]
@@ -349,7 +387,7 @@ def report(results: list[dict]) -> None:
 def heaviest(results: list[dict], top: int) -> None:
     """The costliest nodes of each step (time with the layer count applied), to read the breakdown by."""
     for result in results:
-        name = result["config"]["model"].split("/")[-1]
+        name = model_label(result["config"])
         for (kind, size), row in result["rows"].items():
             print(f"\n{name} TP={result['config']['tp']} {kind} {size}: costliest nodes (modeled ms, all layers)")
             for seconds, category, op, shape, layer in row["heaviest"][:top]:
@@ -368,8 +406,8 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
         bars = {c: [] for c in step_model.CATEGORIES}
         markers = []
         for result in results:
-            name = result["config"]["model"].split("/")[-1]
-            published = PUBLISHED.get(result["config"]["model"])
+            name = model_label(result["config"])
+            published = published_anchor(result["config"])
             for (k, size), row in result["rows"].items():
                 if k != kind:
                     continue
@@ -408,6 +446,8 @@ def main():
     parser.add_argument("--published-tp", action="store_true",
                         help="also model each config whose TP differs from the published figures' TP = 4 at TP = 4")
     parser.add_argument("--top", type=int, default=0, help="print the N costliest nodes of every step")
+    parser.add_argument("--fp8", action="store_true",
+                        help="also model each bf16 config with FP8 weights on the device (neuron_config.quantization fp8)")
     parser.add_argument("--save", type=pathlib.Path, help="also write the results (pickle) here")
     parser.add_argument("--load", nargs="*", type=pathlib.Path, default=[],
                         help="report saved results instead of tracing (runs of configs in parallel processes)")
@@ -415,10 +455,13 @@ def main():
     torch.manual_seed(0)
     results = [r for path in args.load for r in pickle.loads(path.read_bytes())]
     for path in [] if args.load else args.configs:
-        for tp in [None] + ([4] if args.published_tp and load_config(path)["tp"] != 4 else []):
-            result = model_config(path, tp)
-            print(f"[traced {path.name} at TP={result['config']['tp']} in {result['trace_s']:.0f} s]", flush=True)
-            results.append(result)
+        shipped = load_config(path)
+        for tp in [None] + ([4] if args.published_tp and shipped["tp"] != 4 else []):
+            for fp8 in [False] + ([True] if args.fp8 and not shipped["fp8"] else []):
+                result = model_config(path, tp, fp8)
+                print(f"[traced {path.name} at TP={result['config']['tp']}{' with FP8 weights' if fp8 else ''} in "
+                      f"{result['trace_s']:.0f} s]", flush=True)
+                results.append(result)
     if args.save:
         args.save.write_bytes(pickle.dumps(results))
     report(results)

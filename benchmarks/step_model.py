@@ -21,7 +21,11 @@ Per ATen node of the graph the harness compiles (shapes from the nodes' fake val
   engine time), else the whole tensor; a scatter into a graph input (``index_copy``, ``index_put``,
   ``scatter``) writes the scattered rows, and its result is that input again (an in-place
   write: a cache buffer several layers share is written by each in turn, in HBM). An intermediate stays on chip unless it exceeds
-  :data:`SBUF_BYTES`, when it is written and read back once.
+  :data:`SBUF_BYTES`, when it is written and read back once; except the widening of a narrow
+  graph input (an FP8 weight, or the rows gathered from one, converted to the activation dtype
+  before its matmul, :mod:`vllm_gdn_neuron.shells.neuron.fp8`): ASSUMED converted tile by tile
+  as the matmul consumes it (its HBM bytes are the narrow source's, its VectorE time every
+  element's), never written back.
 - A node's time is the largest of its TensorE, vector engine and HBM times; the step is the
   sum over nodes (no overlap between nodes: an upper bound on a schedule the compiler
   overlaps, a lower bound on one it spills more than this model does).
@@ -64,6 +68,7 @@ SCATTER_OPS = frozenset({"index_copy", "index_put", "scatter", "index_add", "sca
 SCALAR_ENGINE_OPS = frozenset({"exp", "sigmoid", "silu", "softplus", "rsqrt", "sqrt", "log", "cos", "sin", "tanh",
                                "pow", "reciprocal", "_softmax", "erf", "log1p", "expm1"})
 COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather"})
+CONVERT_OPS = frozenset({"_to_copy", "convert_element_type"})
 
 
 def op_name(node) -> str:
@@ -162,6 +167,16 @@ def _moved_elements(name: str, node, out) -> int:
     return max([numel(out)] + [numel(a.meta.get("val")) for a in _values(node.args)])
 
 
+def _widens_weight(name: str, node, inputs: frozenset) -> bool:
+    """A dtype conversion to a wider type of a graph input, or of rows gathered from one."""
+    if name not in CONVERT_OPS or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    source = node.args[0]
+    from_input = source in inputs or (op_name(source) in GATHER_OPS and source.args[0] in inputs)
+    source_value, out = source.meta.get("val"), node.meta.get("val")
+    return from_input and isinstance(out, torch.Tensor) and out.element_size() > source_value.element_size()
+
+
 def price_node(node, category: str, inputs: frozenset) -> OpCost | None:
     """The cost of one ``call_function`` node, or None for a free view."""
     name = op_name(node)
@@ -187,8 +202,8 @@ def price_node(node, category: str, inputs: frozenset) -> OpCost | None:
         hbm += 0  # the functional graph's write-back of a mutated input: its rows were charged at the scatter
     else:
         hbm += sum(nbytes(a.meta["val"]) for a in read_inputs)
-    if nbytes(out) > SBUF_BYTES and node not in inputs:  # a written input stays where it is
-        hbm += 2 * nbytes(out)
+    if nbytes(out) > SBUF_BYTES and node not in inputs and not _widens_weight(name, node, inputs):
+        hbm += 2 * nbytes(out)  # spilled (a written input stays where it is)
     flops, tensor_s, engine_s = 0, 0.0, 0.0
     if name in MATMUL_OPS:
         batch, m, n, k = _matmul_dims(name, node)

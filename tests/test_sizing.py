@@ -24,6 +24,9 @@ from vllm_gdn_neuron.units import GiB, MiB
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRN2_CONFIGS = sorted((REPO / "configs" / "trn2").glob("*.yaml"))
+# The published block-FP8 checkpoints' quantization_config.
+FP8_RELEASE_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128]}
 
 
 def _served_checkpoint_bytes(folder: pathlib.Path) -> int:
@@ -271,7 +274,7 @@ def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
 
     import transformers
 
-    from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config, check_text_config
+    from vllm_gdn_neuron.shells.neuron.checks import check_neuron_config, check_quantization, check_text_config
 
     settings = yaml.safe_load(path.read_text())
     class_name, overrides, _ = sizing.PUBLISHED[settings["model"]]
@@ -281,3 +284,43 @@ def test_every_trn2_config_passes_the_neuron_shells_start_up_checks(path):
     # NeuronConfig.from_dict makes the sampling dict an OnDeviceSamplingConfig (attributes).
     neuron_config.on_device_sampling_config = types.SimpleNamespace(**neuron_config.on_device_sampling_config)
     check_neuron_config(neuron_config, text_config, settings["max-model-len"], settings["max-num-seqs"])
+    # A block-FP8 release carries the published quantization_config (read by the shell as the checkpoint's).
+    fp8_release = settings["model"].endswith("-FP8")
+    quantization_config = dict(FP8_RELEASE_QUANTIZATION) if fp8_release else None
+    on_device = check_quantization(quantization_config, getattr(neuron_config, "quantization", None))
+    assert on_device is (getattr(neuron_config, "quantization", None) == "fp8")
+
+
+def _shell_bytes_per_core(name: str, tp: int, fp8: bool) -> int:
+    """Bytes of the Neuron shell's parameters on one rank of ``tp`` (meta tensors), its FP8 projections
+    converted as ``neuron_config.quantization: "fp8"`` converts them."""
+    import types
+
+    import transformers
+
+    from vllm_gdn_neuron.shells.neuron.fp8 import keep_fp8_on_device
+    from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
+
+    class_name, overrides, _ = sizing.PUBLISHED[name]
+    config = getattr(transformers, class_name)(**overrides)
+    config.dtype = torch.bfloat16
+    group = types.SimpleNamespace(world_size=tp, rank_in_group=0, all_reduce=None, all_gather=None)
+    with torch.device("meta"):
+        shell = Qwen3_5NeuronForCausalLM(config, None, tp_group=group)
+        if fp8:
+            keep_fp8_on_device(shell, {n for n, _ in shell.named_parameters()})
+    return sum(p.numel() * p.element_size() for p in shell.parameters())
+
+
+@pytest.mark.parametrize(("name", "tp"), [("Qwen/Qwen3.5-2B", 1), ("Qwen/Qwen3.5-2B", 2), ("Qwen/Qwen3.5-9B", 4),
+                                          ("Qwen/Qwen3.5-27B", 4), ("Qwen/Qwen3.5-27B", 8),
+                                          ("Qwen/Qwen3.5-35B-A3B", 4)])
+def test_fp8_weights_per_core_save_what_the_neuron_shell_saves(name, tp):
+    """The bytes FP8 on the device saves per core (weights at 1 B, float32 per-row scales added) equal
+    the Neuron shell's own: its parameters on one rank, bf16 against FP8-converted."""
+    dims = sizing.published_dims(name)
+    bf16 = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=tp))
+    fp8 = sizing.size(dims, sizing.ServingConfig(tensor_parallel_size=tp, quantization="fp8"))
+    saved = _shell_bytes_per_core(name, tp, fp8=False) - _shell_bytes_per_core(name, tp, fp8=True)
+    assert bf16.weights_per_core - fp8.weights_per_core == pytest.approx(saved, rel=0, abs=0.5)
+    assert 0.45 < fp8.weights_per_core / bf16.weights_per_core < 0.75

@@ -29,6 +29,11 @@ The model, stated so it can be checked:
   override, as many as the memory cap leaves room for: vLLM's planner fills the whole budget
   with blocks no sequence reaches, which is why every trn2 config here sets the override to
   what ``max-num-seqs`` sequences take (:attr:`Sizing.blocks_for_max_num_seqs`).
+- FP8 weights (``neuron_config.quantization: "fp8"``, :mod:`vllm_gdn_neuron.shells.neuron.fp8`):
+  the projections a block-FP8 checkpoint quantizes (GatedDeltaNet ``in_proj_qkv`` / ``in_proj_z``
+  / ``out_proj``, the attention projections, the dense MLP, the shared and routed experts) take
+  1 byte a weight plus one float32 scale per output row on each core (a row-parallel weight's
+  whole rows, a column-parallel one's rows of this core); everything else keeps the model dtype.
 - Fit: weights + cache under the cap, the cache taken at an upper bound: if each layer kept a
   tensor of all the blocks (no sharing across groups), ``groups`` times the shared pool.
 """
@@ -42,9 +47,10 @@ import pathlib
 import sys
 from dataclasses import dataclass, replace
 
-from vllm_gdn_neuron.model.dims import ModelDims, count_weights
+from vllm_gdn_neuron.model.dims import ModelDims, WeightCount, count_weights
 from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, hybrid_block_size
 from vllm_gdn_neuron.shells.neuron.contract import NUM_RESERVED_PAGES
+from vllm_gdn_neuron.shells.neuron.fp8 import FP8_ON_DEVICE
 from vllm_gdn_neuron.units import DTYPE_BYTES, GiB, KiB, MiB
 
 
@@ -56,6 +62,12 @@ TRN2_HBM_PER_CHIP_GIB = 96
 TRN2_PHYSICAL_CORES_PER_CHIP = 8
 TRN2_DEFAULT_LNC = 2
 TRN2_HBM_PER_CORE_GIB = TRN2_HBM_PER_CHIP_GIB * TRN2_DEFAULT_LNC / TRN2_PHYSICAL_CORES_PER_CHIP
+
+# ``neuron_config.quantization`` values sized: weights in the model dtype, or FP8 on the device.
+QUANTIZATIONS = (None, "bf16", FP8_ON_DEVICE)
+# One FP8 weight, and the float32 scale of each of its rows.
+FP8_WEIGHT_BYTES = 1
+FP8_SCALE_BYTES = 4
 
 # ``auto``: the model's own dtype (a cache dtype vLLM takes from the model).
 _DTYPE_BYTES = {**DTYPE_BYTES, "auto": None}
@@ -99,6 +111,14 @@ PUBLISHED = {
 }
 
 
+# The block-FP8 releases: the same dimensions as the bf16 checkpoint they were quantized from.
+PUBLISHED.update({
+    f"{name}-FP8": (class_name, overrides, f"{source}; the FP8 release has the bf16 checkpoint's dimensions")
+    for name, (class_name, overrides, source) in list(PUBLISHED.items())
+    if name in ("Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-35B-A3B")
+})
+
+
 def published_dims(name: str) -> ModelDims:
     """The built-in dimensions of a published checkpoint (see :data:`PUBLISHED`)."""
     if name not in PUBLISHED:
@@ -131,6 +151,7 @@ class ServingConfig:
     kv_cache_dtype: str = "auto"
     prefill_buckets: tuple[int, ...] = ()
     hbm_per_core_gib: float = TRN2_HBM_PER_CORE_GIB
+    quantization: str | None = None  # neuron_config.quantization: "fp8" keeps FP8 weights on the device
 
     _FLAGS = (
         "tensor-parallel-size", "max-model-len", "max-num-seqs", "gpu-memory-utilization",
@@ -146,9 +167,12 @@ class ServingConfig:
         additional = settings.get("additional-config") or {}
         if isinstance(additional, str):
             additional = json.loads(additional)
-        buckets = additional.get("neuron_config", {}).get("num_batched_tokens_buckets")
+        neuron_config = additional.get("neuron_config", {})
+        buckets = neuron_config.get("num_batched_tokens_buckets")
         if buckets:
             values["prefill_buckets"] = tuple(buckets)
+        if neuron_config.get("quantization") is not None:
+            values["quantization"] = neuron_config["quantization"]
         return cls(**values)
 
     def check(self) -> None:
@@ -163,6 +187,8 @@ class ServingConfig:
         for name, value in (("dtype", self.dtype), ("kv-cache-dtype", self.kv_cache_dtype)):
             if value not in _DTYPE_BYTES:
                 raise ValueError(f"{name} must be one of {sorted(_DTYPE_BYTES)}; got {value!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"neuron_config.quantization must be one of {list(QUANTIZATIONS)}; got {self.quantization!r}")
         if self.prefill_buckets:
             buckets = list(self.prefill_buckets)
             if buckets != sorted(set(buckets)) or buckets[0] < 1:
@@ -185,6 +211,37 @@ def _check_heads(dims: ModelDims, tp: int) -> None:
             f"tensor-parallel-size must divide linear_num_key_heads={dims.linear_num_key_heads} and "
             f"linear_num_value_heads={dims.linear_num_value_heads}; got {tp}"
         )
+
+
+def fp8_weights_per_core(dims: ModelDims, tp: int) -> tuple[float, float]:
+    """``(weights, scales)`` one core holds in FP8 with ``neuron_config.quantization: "fp8"``: the
+    elements of the projections a block-FP8 checkpoint quantizes, and their per-row scales."""
+    h, d = dims.hidden_size, dims.head_dim
+    kv_heads_per_core = max(1, dims.num_key_value_heads // tp)
+    value_width = dims.linear_num_value_heads * dims.linear_value_head_dim
+    split = kv = 0
+    rows_split = rows_whole = 0.0  # column-parallel rows (split over the cores), row-parallel rows (whole)
+    for index, kind in enumerate(dims.layer_types):
+        if kind == "linear_attention":  # in_proj_qkv, in_proj_z | out_proj
+            split += h * (dims.conv_channels + value_width) + value_width * h
+            rows_split += dims.conv_channels + value_width
+        else:  # q_proj (query and gate), o_proj | k_proj, v_proj (by key-value heads)
+            split += 2 * dims.num_attention_heads * d * h + dims.num_attention_heads * d * h
+            kv += 2 * dims.num_key_value_heads * d * h
+            rows_split += 2 * dims.num_attention_heads * d
+            rows_whole += 2 * kv_heads_per_core * d  # a core's k / v rows (replicated past one head)
+        rows_whole += h  # out_proj / o_proj
+        if dims.is_moe_layer(index):
+            inner = dims.num_experts * dims.moe_intermediate_size + dims.shared_expert_intermediate_size
+            split += 3 * h * inner
+            rows_split += 2 * inner
+            rows_whole += (dims.num_experts + 1) * h  # every expert's and the shared expert's down_proj
+        else:
+            split += 3 * h * dims.intermediate_size
+            rows_split += 2 * dims.intermediate_size
+            rows_whole += h
+    weights = WeightCount(split=split, replicated=0, kv_projections=kv).per_core(dims, tp)
+    return weights, rows_split / tp + rows_whole
 
 
 # The Neuron shell's GDN page holds both states in one dtype (float32) per page-major view.
@@ -311,11 +368,15 @@ def size(dims: ModelDims, serving: ServingConfig) -> Sizing:
     model_bytes = _DTYPE_BYTES[serving.dtype]
     kv_bytes = _DTYPE_BYTES[serving.kv_cache_dtype] or model_bytes
     weights = count_weights(dims)
+    weights_per_core = weights.per_core(dims, tp) * model_bytes
+    if serving.quantization == FP8_ON_DEVICE:
+        fp8, scales = fp8_weights_per_core(dims, tp)
+        weights_per_core += fp8 * (FP8_WEIGHT_BYTES - model_bytes) + scales * FP8_SCALE_BYTES
     sizing = Sizing(
         dims=dims,
         serving=serving,
         weights_total=weights.total * model_bytes,
-        weights_per_core=weights.per_core(dims, tp) * model_bytes,
+        weights_per_core=weights_per_core,
         kv_per_token=2 * max(1, dims.num_key_value_heads // tp) * dims.head_dim * kv_bytes,
         conv_state=dims.conv_channels // tp * dims.linear_conv_kernel_dim * STATE_BYTES,
         recurrent_state=dims.linear_num_value_heads // tp * dims.linear_key_head_dim * dims.linear_value_head_dim
@@ -405,12 +466,15 @@ def report(sizing: Sizing) -> str:
         f"{d.linear_key_head_dim}/{d.linear_value_head_dim}, conv {d.linear_conv_kernel_dim}",
         f"  serving: tensor-parallel-size {tp}, max-model-len {s.max_model_len}, max-num-seqs {s.max_num_seqs}, "
         f"gpu-memory-utilization {s.gpu_memory_utilization}, {s.dtype}"
+        + (" (FP8 weights on the device)" if s.quantization == FP8_ON_DEVICE else "")
         + (f", prefill buckets {list(s.prefill_buckets)}" if s.prefill_buckets else ""),
         f"  HBM per NeuronCore          = {hbm}",
         f"  weights                     = {sizing.weights_total // model_bytes:,} parameters x {model_bytes} B"
         f" = {_gib(sizing.weights_total)}",
         f"  weights per core            = split / {tp} + replicated (norms, routers, KV heads past one per core)"
-        f" = {_gib(sizing.weights_per_core)}",
+        + (f", FP8 projections at {FP8_WEIGHT_BYTES} B + {FP8_SCALE_BYTES} B a row"
+           if s.quantization == FP8_ON_DEVICE else "")
+        + f" = {_gib(sizing.weights_per_core)}",
         f"  KV per token (1 layer)      = 2 (K, V) x {kv_heads} KV heads x {d.head_dim} x "
         f"{sizing.kv_per_token // (2 * kv_heads * d.head_dim)} B = {sizing.kv_per_token / KiB:.1f} KiB",
         f"  GDN conv state (1 layer)    = {d.conv_channels // tp} channels x {d.linear_conv_kernel_dim} x "

@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from vllm_gdn_neuron import plugin
+from vllm_gdn_neuron.shells.neuron.fp8 import FP8_ON_DEVICE
 
 from .runner import EngineSettings, NeuronRunnerStandIn
 
@@ -54,9 +55,12 @@ def scaled(settings: dict) -> dict:
 
 
 def tiny_checkpoint(settings: dict, tiny_model) -> str:
+    """The tiny vision-language checkpoint of the config's architecture (its block-FP8 twin where the
+    config keeps FP8 weights on the device)."""
     (name,) = settings["hf-overrides"]["architectures"]
     assert name in plugin.NEURON_ARCHITECTURES, f"{name} is not a Neuron architecture this plugin registers"
-    return tiny_model("qwen3_5-moe-vl" if "Moe" in name else "qwen3_5-vl")
+    fp8 = settings["additional-config"]["neuron_config"].get("quantization") == FP8_ON_DEVICE
+    return tiny_model(("qwen3_5-moe-vl" if "Moe" in name else "qwen3_5-vl") + ("-fp8" if fp8 else ""))
 
 
 def write(settings: dict, folder) -> pathlib.Path:

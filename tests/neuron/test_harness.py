@@ -30,10 +30,13 @@ def _prompts(workload, vocab_size=512, seed=0):
     return [torch.randint(3, vocab_size, (n,), generator=generator).tolist() for n, _, _ in workload]
 
 
-def settings_for(model_dir, dtype, prefill_buckets, decode_buckets, sampling_config=None, **engine):
-    """``sampling_config``: ``additional_config.neuron_config.on_device_sampling_config`` (None: host sampling)."""
+def settings_for(model_dir, dtype, prefill_buckets, decode_buckets, sampling_config=None, quantization=None, **engine):
+    """``sampling_config``: ``additional_config.neuron_config.on_device_sampling_config`` (None: host sampling);
+    ``quantization``: ``neuron_config.quantization`` (None: not set)."""
     neuron_config = dict(on_device_sampling_config=sampling_config, num_batched_tokens_buckets=list(prefill_buckets),
                          num_seqs_buckets=list(decode_buckets))
+    if quantization is not None:
+        neuron_config["quantization"] = quantization
     return EngineSettings(model=model_dir, dtype=dtype, max_num_seqs=max(decode_buckets),
                           additional_config={"neuron_config": neuron_config}, **engine)
 

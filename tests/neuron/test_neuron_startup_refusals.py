@@ -60,8 +60,8 @@ def test_unservable_checkpoints_are_refused_by_from_configs(dense_config, field,
      r"neuron_config.on_device_sampling_config.sampling_dp_degree must be 1 .*got 2: remove sampling_dp_degree"),
     (NeuronConfigStandIn(on_device_sampling_config={"capture_topk": True}),
      "neuron_config.on_device_sampling_config.capture_topk must be false"),
-    (NeuronConfigStandIn(quantization="fp8"),
-     r"neuron_config.quantization must be null or \"bf16\" .*got 'fp8': remove it .* or set \"bf16\""),
+    (NeuronConfigStandIn(quantization="mxfp8"),
+     r"neuron_config.quantization must be null or \"bf16\" .* or \"fp8\" .*got 'mxfp8': remove it .* or set one"),
     (types.SimpleNamespace(ep_degree=2),
      "neuron_config.ep_degree must be 1 .*got 2: remove ep_degree from additional_config.neuron_config"),
     (types.SimpleNamespace(lm_head_dp_size=4), "neuron_config.lm_head_dp_size must be 1 .*got 4: remove lm_head_dp_size"),
@@ -94,6 +94,64 @@ def test_quantization_bf16_means_unquantized(dense_config):
     bf16 = _build(dense_config, NeuronConfigStandIn(quantization="bf16"))
     assert [(n, p.shape, p.dtype) for n, p in bf16.named_parameters()] == \
         [(n, p.shape, p.dtype) for n, p in plain.named_parameters()]
+
+
+@pytest.mark.parametrize(("quantization_config", "message"), [
+    ({"quant_method": "gptq", "bits": 4}, r"quant_method is 'gptq': the Neuron shell loads unquantized checkpoints "
+                                          r"and block-FP8 ones \(quant_method \['fp8'\]"),
+    ({"quant_method": "awq"}, "quant_method is 'awq'"),
+    ({"quant_method": "compressed-tensors", "config_groups": {}}, "quant_method is 'compressed-tensors'"),
+    ({"quant_method": "mxfp4"}, "quant_method is 'mxfp4'"),
+    ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "quantization_config.fmt must be 'e4m3'"),
+    ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]},
+     "activation_scheme must be 'dynamic'"),
+    ({"quant_method": "fp8"}, "weight_block_size must be two positive ints .*per-tensor FP8 is not supported"),
+])
+def test_unservable_checkpoint_quantizations_are_refused_naming_the_method(dense_config, quantization_config, message):
+    config = copy.deepcopy(dense_config)
+    config.quantization_config = quantization_config
+    with pytest.raises(ValueError, match=message):
+        _build(config)
+
+
+def test_fp8_on_the_device_needs_an_fp8_checkpoint(dense_config):
+    with pytest.raises(ValueError, match=r"neuron_config.quantization is \"fp8\" .*the checkpoint is not block-FP8 "
+                                         r"\(quant_method None\)"):
+        _build(dense_config, NeuronConfigStandIn(quantization="fp8"))
+
+
+def test_block_fp8_checkpoint_is_served_dequantized_by_default_and_fp8_on_opt_in(tiny_model):
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(tiny_model("qwen3_5-moe-vl-fp8"))
+    for neuron_config, on_device in [(None, False), (NeuronConfigStandIn(quantization="bf16"), False),
+                                     (NeuronConfigStandIn(quantization="fp8"), True)]:
+        model = _build(config, neuron_config)
+        assert (model.checkpoint_block_size, model.fp8_on_device) == ((128, 128), on_device)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("drop", r"_scale_inv: missing; the FP8 weight .* needs block scales of shape \(\d, 1\)"),
+    ("reshape", r"_scale_inv: shape must be \((\d), 1\) for the FP8 weight .*got \(\d, 1\)"),
+])
+def test_fp8_checkpoint_with_bad_scales_is_refused_before_any_weight_is_read(tiny_model, tmp_path, change, message):
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_model("qwen3_5-dense-fp8"), folder)
+    shard = sorted(folder.glob("model-0*.safetensors"))[0]
+    tensors = load_file(str(shard))
+    scale = next(name for name in tensors if name.endswith("_scale_inv"))
+    if change == "drop":
+        del tensors[scale]
+    else:
+        tensors[scale] = tensors[scale].repeat(2, 1)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    model = _build(transformers.AutoConfig.from_pretrained(folder))
+    with pytest.raises(ValueError, match=message):
+        model.load_weights(str(folder), "cpu")
+    assert all(p.is_meta for p in model.parameters()), "no parameter may be materialised before the refusal"
 
 
 def _engine(image=0, video=0, multimodal=True, prefix_caching=False, cache_dtype="auto", speculative=None,
@@ -262,3 +320,20 @@ def test_from_configs_reads_the_engine_limits_of_the_current_vllm_config(dense_c
         with pytest.raises(ValueError, match=r"neuron_config.num_seqs_buckets must not exceed max_num_seqs=4; got \[2, 8\]"):
             _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 8]))
         _build(dense_config, NeuronConfigStandIn(num_seqs_buckets=[2, 4]))
+
+
+def test_fp8_format_held_out_of_vllms_sight_is_still_the_checkpoints(tiny_model):
+    """Under an engine the plugin's config hook moves a block-FP8 ``quantization_config`` aside
+    (``model/fp8.py`` ``hold_dequantized``: vLLM, and vllm-neuron's platform, then see an unquantized
+    model); the shell reads it there: dequantized by default, FP8 on the device on opt-in."""
+    import transformers
+
+    from vllm_gdn_neuron.model import fp8
+
+    config = transformers.AutoConfig.from_pretrained(tiny_model("qwen3_5-moe-vl-fp8"))
+    fp8.hold_dequantized(types.SimpleNamespace(hf_config=config, hf_text_config=config.text_config,
+                                               model_arch_config=None, quantization=None))
+    assert getattr(config, "quantization_config", None) is None
+    for neuron_config, on_device in [(None, False), (NeuronConfigStandIn(quantization="fp8"), True)]:
+        model = _build(config, neuron_config)
+        assert (model.checkpoint_block_size, model.fp8_on_device) == ((128, 128), on_device)

@@ -33,7 +33,7 @@ class GlooGroup:
         return torch.cat(parts, dim=dim)
 
 
-def _rank_main(rank, world, init_file, model_dir, workload, out_file):
+def _rank_main(rank, world, init_file, model_dir, workload, out_file, quantization=None):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     from vllm_gdn_neuron.shells.neuron.model import Qwen3_5NeuronForCausalLM
@@ -43,17 +43,19 @@ def _rank_main(rank, world, init_file, model_dir, workload, out_file):
         def from_configs(cls, hf_config, neuron_config=None, **kwargs):
             return cls(hf_config, neuron_config, tp_group=GlooGroup())
 
-    ids, graphs = _serve(ShardedModel, model_dir, workload, tp_rank=rank)
+    ids, graphs = _serve(ShardedModel, model_dir, workload, tp_rank=rank, quantization=quantization)
     torch.save((ids, graphs), f"{out_file}.{rank}")
     dist.destroy_process_group()
 
 
-def _serve(model_cls, model_dir, workload, tp_rank=0):
+def _serve(model_cls, model_dir, workload, tp_rank=0, quantization=None):
     from . import runner as harness
 
+    neuron_config = dict(num_batched_tokens_buckets=[8, 32], num_seqs_buckets=[4])
+    if quantization is not None:
+        neuron_config["quantization"] = quantization
     settings = harness.EngineSettings(model=model_dir, max_num_seqs=4, num_gpu_blocks_override=24,
-                                      additional_config={"neuron_config": dict(
-                                          num_batched_tokens_buckets=[8, 32], num_seqs_buckets=[4])})
+                                      additional_config={"neuron_config": neuron_config})
     runner = harness.NeuronRunnerStandIn(model_cls, settings)
     runner.load_model(tp_rank=tp_rank)
     runner.initialize_kv_cache(runner.get_kv_cache_spec())
@@ -89,6 +91,33 @@ def test_two_ranks_serve_transformers_ids(tiny_model, tmp_path, model):
         assert got == want
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "quantization"), [("qwen3_5-moe-fp8", None), ("qwen3-next-fp8", None),
+                                                     ("qwen3_5-moe-fp8", "fp8")])
+def test_two_ranks_serve_fp8_checkpoints(tiny_model, tmp_path, model, quantization):
+    """Block-FP8 checkpoints at TP=2, every rank's shard smaller than one 128-block: dequantized on the
+    host (transformers' fp32 ids on the dequantized weights), or kept in FP8 (each rank requantizes its
+    own shard: transformers' fp32 ids on the weights the two ranks compute with)."""
+    from tests.support import oracle
+
+    from .fp8_oracle import dequantized_copy, device_weights_copy
+
+    model_dir = tiny_model(model)
+    generator = torch.Generator().manual_seed(5)
+    workload = [(torch.randint(3, 512, (n,), generator=generator).tolist(), new, arrival)
+                for n, new, arrival in [(1, 4, 0), (40, 3, 0), (9, 5, 2)]]
+    out_file = tmp_path / "ids.pt"
+    mp.start_processes(_rank_main, args=(2, tmp_path / "pg", model_dir, workload, out_file, quantization), nprocs=2,
+                       start_method="spawn")
+    oracle_dir = (dequantized_copy(model_dir, tmp_path / "oracle") if quantization is None
+                  else device_weights_copy(model_dir, tmp_path / "oracle", tp=2))
+    ranks = [torch.load(f"{out_file}.{rank}")[0] for rank in range(2)]
+    assert ranks[0] == ranks[1]
+    for (prompt, new_tokens, _), got in zip(workload, ranks[0]):
+        want, _ = oracle.hf_greedy(oracle_dir, torch.float32, prompt, new_tokens)
+        assert got == want
+
+
 def _with_fused_experts(source, folder):
     """A copy of the checkpoint ``source`` with its per-expert tensors stacked into the fused 3-D
     layout (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``)."""
@@ -114,7 +143,8 @@ def _with_fused_experts(source, folder):
     return str(folder)
 
 
-@pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-moe-vl", "fused-experts"])
+@pytest.mark.parametrize("model", ["qwen3_5-dense", "qwen3_5-moe", "qwen3-next", "qwen3_5-moe-vl", "fused-experts",
+                                   "qwen3_5-moe-vl-fp8"])
 def test_each_rank_loads_the_share_the_parameter_layout_describes(tiny_model, tmp_path, model):
     """Every parameter a rank of TP=2 loads is :func:`~vllm_gdn_neuron.model.parameters.rank_share` of
     the TP=1 model's (merged projections, conv channels, head vectors, row-parallel weights, both

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from vllm_gdn_neuron.shells.neuron.checks import UNQUANTIZED, check_sampling_config, check_vision_neuron_config
+from vllm_gdn_neuron.shells.neuron.fp8 import FP8_ON_DEVICE
 
 from .serve_config import serve_parser
 
@@ -69,7 +70,10 @@ def test_every_vision_neuron_config_comes_with_no_images_and_no_videos(path):
     limits = settings.get("limit-mm-per-prompt", {})
     assert not check_vision_neuron_config(types.SimpleNamespace(**vision) if vision else None, None,
                                           limits.get("image", 999), limits.get("video", 999))
-    assert settings["additional-config"]["neuron_config"].get("quantization") in UNQUANTIZED
+    # FP8 on the device exactly where the checkpoint is a block-FP8 release; else unquantized weights.
+    quantization = settings["additional-config"]["neuron_config"].get("quantization")
+    fp8_release = settings.get("model", "").endswith("-FP8")
+    assert quantization == FP8_ON_DEVICE if fp8_release else quantization in UNQUANTIZED
 
 
 @pytest.mark.parametrize("path", MODEL_CONFIGS + [REPO / "configs" / "serve-trn2.yaml"], ids=lambda p: p.name)

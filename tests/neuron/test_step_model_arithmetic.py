@@ -53,3 +53,40 @@ def test_hand_worked_matmul_collective_and_activation():
     assert total == pytest.approx((384 * 256 * 2 + 4 * 256 * 2) / hbm + step_model.COLLECTIVE_LATENCY_S
                                   + 2 * 3 / 4 * 3072 / hbm + 64 / 1.2e9)
 
+
+
+class Fp8Projection(torch.nn.Module):
+    """One FP8-on-device projection (``shells/neuron/fp8.py``) whose bf16 widening exceeds the SBUF."""
+
+    def __init__(self, out_features, in_features):
+        super().__init__()
+        from vllm_gdn_neuron.shells.neuron.fp8 import Fp8Linear
+
+        self.proj = Fp8Linear(torch.zeros(out_features, in_features, dtype=torch.float8_e4m3fn),
+                              torch.ones(out_features))
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def test_fp8_weight_is_read_at_one_byte_and_widened_on_chip():
+    """By hand: the FP8 weight [N, K] is read once at 1 B an element by its conversion (VectorE time
+    over every element at the 16-bit rate), whose bf16 result (over the SBUF) is not written back;
+    the matmul then reads only x from HBM."""
+    n, k = 8192, 4096
+    assert n * k * 2 > step_model.SBUF_BYTES
+    recorder = bench.ShapeRecorder()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(Fp8Projection(n, k), fullgraph=True, dynamic=False, backend=recorder)(
+            torch.zeros(4, k, dtype=torch.bfloat16))
+    (graph,) = recorder.aten_graphs
+    priced = step_model.price_graph(graph, lambda node, name, inputs: "other")
+    (widen,) = [c for node, c in priced if c.op in step_model.CONVERT_OPS and node.args[0].meta["val"].numel() == n * k]
+    assert widen.hbm_bytes == n * k
+    spec = step_model.SPEC
+    assert widen.engine_s == pytest.approx(n * k / spec.vector_elements_per_cycle_16bit / step_model.LNC
+                                           / spec.vector_clock_hz)
+    (mm,) = [c for _, c in priced if c.op == "mm"]
+    assert mm.hbm_bytes == 4 * k * 2
+    assert mm.flops == 2 * 4 * n * k

@@ -12,15 +12,21 @@ checks are skipped.
 import logging
 
 from vllm_gdn_neuron.kernels.checks import MAX_HEAD_DIM
+from vllm_gdn_neuron.model.fp8 import FP8_METHOD, check_fp8_config
 from vllm_gdn_neuron.model.checks import check_text_config as check_model_config
 from vllm_gdn_neuron.model.mtp import check_mtp_config
+from vllm_gdn_neuron.shells.neuron.fp8 import FP8_ON_DEVICE
 from vllm_gdn_neuron.shells.neuron.vision_tower import check_vision_layout
 
 logger = logging.getLogger(f"vllm.plugins.{__name__}")
 
-# ``neuron_config.quantization`` values that mean unquantized weights (the upstream
-# Qwen3.5 recipe sets "bf16").
+# ``neuron_config.quantization`` values that mean weights in the model dtype on the device (the
+# upstream Qwen3.5 recipe sets "bf16"); a block-FP8 checkpoint is then dequantized on the host.
 UNQUANTIZED = (None, "bf16")
+# Every ``neuron_config.quantization`` value the shell serves (FP8_ON_DEVICE: FP8 weights in HBM, :mod:`.fp8`).
+SERVED_QUANTIZATIONS = (*UNQUANTIZED, FP8_ON_DEVICE)
+# Checkpoint ``quantization_config.quant_method`` values the shell loads.
+SERVED_CHECKPOINT_QUANTIZATIONS = (FP8_METHOD,)
 
 # NeuronConfig parallel layouts beyond tensor parallelism; the shell serves only 1.
 _UNSPLIT_LAYOUTS = ("ep_degree", "attention_dp_size", "embedding_dp_size", "lm_head_dp_size", "mlp_dp_size")
@@ -50,10 +56,11 @@ def check_neuron_config(neuron_config, config, max_model_len: int | None, max_nu
         return
     check_sampling_config(getattr(neuron_config, "on_device_sampling_config", None))
     quantization = getattr(neuron_config, "quantization", None)
-    if quantization not in UNQUANTIZED:
+    if quantization not in SERVED_QUANTIZATIONS:
         raise ValueError(
-            f"neuron_config.quantization must be null or \"bf16\" (this model loads unquantized bf16 / fp32 "
-            f"weights); got {quantization!r}: remove it from additional_config.neuron_config or set \"bf16\""
+            f"neuron_config.quantization must be null or \"bf16\" (weights in the model dtype), or "
+            f"\"{FP8_ON_DEVICE}\" (a block-FP8 checkpoint's FP8 weights kept on the device); got {quantization!r}: "
+            "remove it from additional_config.neuron_config or set one of those"
         )
     for field in _UNSPLIT_LAYOUTS:
         value = getattr(neuron_config, field, 1)
@@ -74,6 +81,41 @@ def check_neuron_config(neuron_config, config, max_model_len: int | None, max_nu
                    else "max_position_embeddings")
     _check_buckets("neuron_config.num_seqs_buckets", getattr(neuron_config, "num_seqs_buckets", None),
                    max_num_seqs, "max_num_seqs")
+
+
+def check_quantization(quantization_config, neuron_quantization) -> bool:
+    """Refuse a checkpoint quantization the shell cannot load, or FP8 on the device without FP8 weights.
+
+    Served: an unquantized checkpoint (no ``quantization_config``), and the block-FP8 format
+    (``quant_method: "fp8"``, :func:`vllm_gdn_neuron.model.fp8.check_fp8_config`), dequantized
+    on the host unless ``neuron_config.quantization`` is :data:`.fp8.FP8_ON_DEVICE`.
+
+    Args:
+        quantization_config: the checkpoint config's ``quantization_config`` (a dict) or None.
+        neuron_quantization: ``neuron_config.quantization`` (checked by :func:`check_neuron_config`).
+
+    Returns:
+        Whether the checkpoint's FP8 projections are kept in FP8 on the device.
+
+    Raises:
+        ValueError: naming the method and what is supported, or the setting and what to set.
+    """
+    method = None if not quantization_config else quantization_config.get("quant_method", "unknown")
+    if method is not None and method not in SERVED_CHECKPOINT_QUANTIZATIONS:
+        raise ValueError(
+            f"the checkpoint's quantization_config.quant_method is {method!r}: the Neuron shell loads unquantized "
+            f"checkpoints and block-FP8 ones (quant_method {list(SERVED_CHECKPOINT_QUANTIZATIONS)}, "
+            "weight_block_size [128, 128]); use the model's bf16 or FP8 release"
+        )
+    if method == FP8_METHOD:
+        check_fp8_config(quantization_config)
+    if neuron_quantization == FP8_ON_DEVICE and method != FP8_METHOD:
+        raise ValueError(
+            f"neuron_config.quantization is \"{FP8_ON_DEVICE}\" (keep the checkpoint's FP8 weights on the device), "
+            f"but the checkpoint is not block-FP8 (quant_method {method!r}); serve an FP8 checkpoint or set "
+            "neuron_config.quantization to null or \"bf16\""
+        )
+    return neuron_quantization == FP8_ON_DEVICE
 
 
 def check_sampling_config(sampling_config) -> None:

@@ -33,6 +33,10 @@ class NeuronExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype))
 
+    def stacks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gate_up_proj, down_proj)`` as the routed experts read them (:class:`.fp8.Fp8Experts` has the same)."""
+        return self.gate_up_proj, self.down_proj
+
 
 class NeuronSparseMoE(nn.Module):
     """Top-k routed experts plus the sigmoid-gated shared expert (partial sums over ranks).
@@ -57,5 +61,5 @@ class NeuronSparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = softmax_top_k(self.gate(x), self.top_k, self.renormalize)
-        routed = routed_expert_mixture(x, weights, experts, self.experts.gate_up_proj, self.experts.down_proj)
+        routed = routed_expert_mixture(x, weights, experts, *self.experts.stacks())
         return routed + gated_shared_expert(self.shared_expert(x), F.linear(x, self.shared_expert_gate.weight))

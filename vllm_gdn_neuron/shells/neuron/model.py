@@ -27,6 +27,8 @@ calls :func:`vllm_gdn_neuron.model.gated_deltanet.gdn_mix`, i.e. ``ops.paged_con
 and ``ops.paged_gdn_*`` on the gathered state rows.
 """
 
+import logging
+
 import torch
 from torch import nn
 
@@ -38,8 +40,10 @@ from vllm_gdn_neuron.model.vision import prompt_mrope_positions
 from vllm_gdn_neuron.shells.neuron.attention import NeuronGatedAttention
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_shapes
 from vllm_gdn_neuron.shells.neuron.cache import STATE_DTYPE, bind_allocations
-from vllm_gdn_neuron.shells.neuron.checks import (check_engine_config, check_neuron_config, check_speculative_config,
-                                           check_text_config, check_vision_neuron_config)
+from vllm_gdn_neuron.model.fp8 import block_size_of, held_fp8_config
+from vllm_gdn_neuron.shells.neuron.checks import (check_engine_config, check_neuron_config, check_quantization,
+                                           check_speculative_config, check_text_config, check_vision_neuron_config)
+from vllm_gdn_neuron.shells.neuron.fp8 import keep_fp8_on_device
 from vllm_gdn_neuron.shells.neuron.gdn import NeuronGatedDeltaNet
 from vllm_gdn_neuron.shells.neuron.kv_spec import KVSpec
 from vllm_gdn_neuron.shells.neuron.mlp import NeuronSparseMoE, NeuronSwiGLU
@@ -52,6 +56,19 @@ from vllm_gdn_neuron.shells.neuron.weights import load_checkpoint
 from vllm_gdn_neuron.shells.neuron.vision import check_vision_inputs, merge_vision_embeddings
 from vllm_gdn_neuron.shells.neuron.vision_tower import (NeuronVisionTower, VisionLayout, encode_images,
                                                  synthetic_vision_inputs)
+
+logger = logging.getLogger(f"vllm.plugins.{__name__}")
+
+def checkpoint_quantization(hf_config) -> dict | None:
+    """The checkpoint's ``quantization_config`` (top-level, or its text config's), or the one the
+    plugin's config hook moved out of vLLM's sight under an engine
+    (:func:`vllm_gdn_neuron.model.fp8.held_fp8_config`); None for an unquantized checkpoint."""
+    for config in (hf_config, getattr(hf_config, "text_config", None)):
+        quantization = getattr(config, "quantization_config", None) or held_fp8_config(config)
+        if quantization:
+            return dict(quantization)
+    return None
+
 
 def text_config_of(hf_config):
     """The text decoder's config (``text_config`` of a vision-language checkpoint)."""
@@ -180,6 +197,8 @@ class Qwen3_5NeuronForCausalLM(CausalLM):
         limits = engine_limits(vllm_config)
         check_engine_config(vllm_config)
         check_neuron_config(neuron_config, config, limits["max_model_len"], limits["max_num_seqs"])
+        quantization_config = checkpoint_quantization(hf_config)
+        fp8_on_device = check_quantization(quantization_config, getattr(neuron_config, "quantization", None))
         check_speculative_config(getattr(vllm_config, "speculative_config", None), neuron_config, config,
                                  async_scheduling=limits["async_scheduling"], max_num_seqs=limits["max_num_seqs"],
                                  max_num_batched_tokens=limits["max_num_batched_tokens"])
@@ -189,6 +208,10 @@ class Qwen3_5NeuronForCausalLM(CausalLM):
         self.tp_group = tp_group
         self.dtype = dtype
         self.vocab_shards = parts.vocab_shards
+        # Block-FP8 checkpoints: their block size (None: unquantized), and whether FP8 stays on the device.
+        self.checkpoint_block_size = block_size_of(quantization_config) if quantization_config else None
+        self.fp8_on_device = fp8_on_device
+        self.fp8_params: set[str] = set()
         self.spatial_merge_size = getattr(getattr(hf_config, "vision_config", None), "spatial_merge_size", 1)
         image_token_id = getattr(hf_config, "image_token_id", None)
         self.vision_token_ids = {} if image_token_id is None else {"image": image_token_id}
@@ -225,9 +248,15 @@ class Qwen3_5NeuronForCausalLM(CausalLM):
 
         Meta parameters (a model fresh from ``from_configs``) are materialised on ``device``
         first; every parameter must then be written exactly once, or this raises naming
-        the ones the checkpoint did not provide.
+        the ones the checkpoint did not provide. A block-FP8 checkpoint is dequantized on the
+        host; with ``neuron_config.quantization: "fp8"`` its FP8 projections and experts are
+        then requantized per output row and kept in FP8 (:mod:`.fp8`).
         """
         load_checkpoint(self, model_path, torch.device(device), download_dir)
+        if self.fp8_on_device:
+            converted = keep_fp8_on_device(self, self.fp8_params)
+            logger.info("FP8 weights on the device: %d projections and expert stacks kept in FP8 "
+                        "(per-row scales, e4m3 range +-240)", len(converted))
 
     # --- the cache (runner step 4) --------------------------------------------------------
 

@@ -18,6 +18,13 @@ Each rank keeps its share of every tensor as :mod:`vllm_gdn_neuron.model.paramet
 it (:func:`~vllm_gdn_neuron.model.parameters.rank_share`; the LM head split by vocabulary rows
 where the model splits its vocabulary).
 
+A block-FP8 checkpoint (:mod:`vllm_gdn_neuron.model.fp8`) has its scales checked against its
+weights from the shards' headers before any tensor is read; each FP8 weight is then
+dequantized on the host (``fp8 * scale_inv`` in float32), whole, before it is split over
+the ranks, so a rank's shard may be any size against the 128 x 128 blocks. The loader
+records which parameters were written from FP8 tensors only (``model.fp8_params``): the ones
+:mod:`.fp8` may keep in FP8 on the device.
+
 Every parameter must be written exactly once; a missing, unexpected or misshaped tensor
 raises ``ValueError`` naming it (never a half-initialised model).
 """
@@ -30,6 +37,8 @@ import re
 import torch
 
 from vllm_gdn_neuron.model.checkpoint import text_tensor_name, vision_tensor_name
+from vllm_gdn_neuron.model.fp8 import (SAFETENSORS_FP8, check_checkpoint_scales, dequantized_tensors,
+                                       read_tensor_headers)
 from vllm_gdn_neuron.model.parameters import PartLoad, merged_loads, rank_rows, rank_share
 
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
@@ -74,6 +83,12 @@ class _Writer:
         self.vocab_split = model.vocab_shards > 1
         self.written: dict[str, set] = {name: set() for name in self.params}
         self.merged_parts: dict[str, set] = {}  # merged parameter -> the keys of all its parts
+        self.fp8_sources: set[str] = set()  # checkpoint tensors stored in FP8
+        self.written_from: dict[str, set[bool]] = {}  # parameter -> whether each write came from FP8
+
+    def fp8_params(self) -> set[str]:
+        """The parameters written from FP8 checkpoint tensors only."""
+        return {name for name, kinds in self.written_from.items() if kinds == {True}}
 
     def write(self, source: str, name: str, tensor: torch.Tensor, index=None) -> None:
         if name not in self.params:
@@ -99,6 +114,7 @@ class _Writer:
             raise ValueError(f"checkpoint tensor {source!r} writes {name!r} a second time")
         target.copy_(part.to(param.dtype))
         self.written[name].add(key)
+        self.written_from.setdefault(name, set()).add(source in self.fp8_sources)
 
     def _merged_part(self, source: str, name: str, tensor: torch.Tensor, load: PartLoad):
         """This rank's rows of one part of a merged projection, the rows they fill, and the part's key."""
@@ -130,12 +146,21 @@ class _Writer:
 
 def load_checkpoint(model, model_path: str, device: torch.device, download_dir: str | None) -> None:
     """Fill every parameter of ``model`` (a :class:`Qwen3_5NeuronForCausalLM`) from the checkpoint."""
+    files = checkpoint_files(model_path, download_dir)
+    tensors = _checkpoint_tensors(files)
+    fp8_sources = set()
+    if model.checkpoint_block_size is not None:  # scales checked from the headers, before any tensor is read
+        headers = read_tensor_headers(files[0].parent)
+        check_checkpoint_scales(headers, model.checkpoint_block_size)
+        fp8_sources = {name for name, (dtype, _) in headers.items() if dtype == SAFETENSORS_FP8}
+        tensors = dequantized_tensors(tensors, model.checkpoint_block_size)
     if any(p.is_meta for p in model.parameters()):
         model.to_empty(device=device)
     writer = _Writer(model)
+    writer.fp8_sources = fp8_sources
     config = model.config
     has_tower = hasattr(model, "visual")
-    for key, tensor in _checkpoint_tensors(checkpoint_files(model_path, download_dir)):
+    for key, tensor in tensors:
         tower_name = vision_tensor_name(key)
         if tower_name is not None and has_tower:
             writer.write(key, f"visual.tower.{tower_name}", tensor.to(device))
@@ -151,6 +176,7 @@ def load_checkpoint(model, model_path: str, device: torch.device, download_dir: 
         for target, part, index in _plan(name, tensor, config):
             writer.write(key, target, part, index)
     writer.check_complete()
+    model.fp8_params = writer.fp8_params()
 
 
 def _plan(name: str, tensor: torch.Tensor, config):
