@@ -296,14 +296,21 @@ _captured: list = []
 
 
 def _capture_drafter(worker) -> str:
-    """Run in the engine's worker: record the drafter's inputs and output of every call."""
-    model = worker.model_runner.drafter.model
+    """Run in the engine's worker: record the drafter's inputs and output of every call.
 
-    def hook(module, args, kwargs, output):
+    The drafter declares compile support, whose ``__call__`` runs ``self.forward`` directly
+    (no ``nn.Module`` hooks fire), so the instance's ``forward`` is wrapped instead.
+    """
+    model = worker.model_runner.drafter.model
+    forward = model.forward
+
+    def recording_forward(*args, **kwargs):
+        output = forward(*args, **kwargs)
         _captured.append({k: kwargs[k].detach().clone() for k in ("input_ids", "positions", "hidden_states")}
                          | {"output": output.detach().clone()})
+        return output
 
-    model.register_forward_hook(hook, with_kwargs=True)
+    model.forward = recording_forward
     return type(model).__module__ + "." + type(model).__name__
 
 
