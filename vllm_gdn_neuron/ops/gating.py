@@ -33,14 +33,15 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     Returns:
         ``(g, beta)``, both ``[N, Hv]`` float32.
     """
-    g = -torch.exp(_float32(A_log)) * F.softplus(_float32(a) + _float32(dt_bias))
-    return g, torch.sigmoid(_float32(b))
+    f32 = torch.float32
+    g = -torch.exp(in_dtype(A_log, f32)) * F.softplus(in_dtype(a, f32) + in_dtype(dt_bias, f32))
+    return g, torch.sigmoid(in_dtype(b, f32))
 
 
-def _float32(x):
-    """``x`` in float32, without a dispatched op where it already is (the layer's A_log and
-    dt_bias: this runs per layer call)."""
-    return x if x.dtype == torch.float32 else x.float()
+def in_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in ``dtype``, without a dispatched op where it already is (the gating runs per layer
+    call, and its A_log / dt_bias are mostly in the dtype wanted already)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 @dataclass(frozen=True)

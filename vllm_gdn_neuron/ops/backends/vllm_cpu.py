@@ -32,7 +32,7 @@ import torch
 from vllm_gdn_neuron.kernels.l2norm import L2NORM_EPS
 
 from .. import paged
-from ..gating import GatesFirst
+from ..gating import GatesFirst, in_dtype
 from ..step import DecodeStep, PrefillStep, VerifyStep
 from ..validation import resolve_scale
 
@@ -201,16 +201,11 @@ def _neutral_gating(num_v_heads, dtype, device):
     return torch.zeros(num_v_heads, device=device), torch.zeros(num_v_heads, dtype=dtype, device=device)
 
 
-def _as(x, dtype):
-    """``x`` in ``dtype``, without a dispatched op where it already is."""
-    return x if x.dtype == dtype else x.to(dtype)
-
-
 def _kernel_gating(q, a, b, A_log, dt_bias):
     """The raw gating as the fused kernels read it: a, b and dt_bias in q's dtype, a and b packed
     (they may be column slices of the layer's projection), A_log float32."""
-    return (_as(A_log, torch.float32), _as(dt_bias, q.dtype), _as(a, q.dtype).contiguous(),
-            _as(b, q.dtype).contiguous())
+    return (in_dtype(A_log, torch.float32), in_dtype(dt_bias, q.dtype), in_dtype(a, q.dtype).contiguous(),
+            in_dtype(b, q.dtype).contiguous())
 
 
 @functools.cache
