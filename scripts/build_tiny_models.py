@@ -75,10 +75,15 @@ REAL_MODELS = ("qwen3_5-2b-real", "qwen3_5-35b-a3b-real", "qwen3-next-real")
 FP8_SUFFIX = "-fp8"
 FP8_MODELS = tuple(name + FP8_SUFFIX for name in MODELS)
 REAL_FP8_MODELS = ("qwen3_5-35b-a3b-real" + FP8_SUFFIX,)
+# Small models whose every quantized projection is whole 128 x 128 blocks (vLLM's CPU FP8 kernels
+# take them), with their FP8 twins; built on request only.
+BLOCK_SUFFIX = "-blocks"
+BLOCK_MODELS = ("qwen3_5-moe" + BLOCK_SUFFIX, "qwen3-next" + BLOCK_SUFFIX)
+BLOCK_FP8_MODELS = tuple(name + FP8_SUFFIX for name in BLOCK_MODELS)
 # The block scales' dtype: bfloat16 as the Qwen3.5 FP8 releases store them; the Qwen3-Next
 # twin stores float32 ones, so the loaders meet both.
 FP8_SCALE_DTYPE = {"qwen3-next": "float32"}
-ALL_MODELS = MODELS + REAL_MODELS + FP8_MODELS + REAL_FP8_MODELS
+ALL_MODELS = MODELS + REAL_MODELS + FP8_MODELS + REAL_FP8_MODELS + BLOCK_MODELS + BLOCK_FP8_MODELS
 REAL_LAYERS = 4
 REAL_EXPERTS = 8
 
@@ -145,6 +150,11 @@ _COMMON = dict(
 
 
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64)
+# The ``-blocks`` models: the tiny layouts with every quantized projection's parts whole 128 x 128 blocks
+# (GatedDeltaNet q, k 128 and v, z 256 rows; attention 2 x 128 query and gate, 128 key and value; experts 128).
+_BLOCKS = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128, linear_num_key_heads=1,
+               linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128, initializer_range=0.04,
+               moe_intermediate_size=128, shared_expert_intermediate_size=128, intermediate_size=256)
 
 
 def corpus(num_lines: int = 400, seed: int = 0) -> list[str]:
@@ -207,9 +217,10 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE, vision: bool = False, texts=No
     return fast
 
 
-def _text_kwargs(tokenizer, **extra) -> dict:
+def _text_kwargs(tokenizer, dims: dict, **extra) -> dict:
     kwargs = dict(_COMMON, vocab_size=VOCAB_SIZE)
     kwargs.update(extra)
+    kwargs.update(dims)
     kwargs.update(
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -217,20 +228,23 @@ def _text_kwargs(tokenizer, **extra) -> dict:
     return kwargs
 
 
-def build_model(name: str, tokenizer):
+def build_model(name: str, tokenizer, **dims):
     """A transformers model instance of the named tiny checkpoint, random weights."""
     import transformers as tf
 
+    if name.endswith(BLOCK_SUFFIX):
+        return build_model(name[: -len(BLOCK_SUFFIX)], tokenizer, **_BLOCKS)
+
     if name == "qwen3_5-dense":
-        config = tf.Qwen3_5TextConfig(**_text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True))
+        config = tf.Qwen3_5TextConfig(**_text_kwargs(tokenizer, dims, intermediate_size=128, tie_word_embeddings=True))
         return tf.Qwen3_5ForCausalLM(config)
     if name == "qwen3_5-moe":
-        config = tf.Qwen3_5MoeTextConfig(**_text_kwargs(tokenizer, **_MOE, tie_word_embeddings=False))
+        config = tf.Qwen3_5MoeTextConfig(**_text_kwargs(tokenizer, dims, **_MOE, tie_word_embeddings=False))
         return tf.Qwen3_5MoeForCausalLM(config)
     if name == "qwen3-next":
         config = tf.Qwen3NextConfig(
             **_text_kwargs(
-                tokenizer,
+                tokenizer, dims,
                 intermediate_size=128,
                 **_MOE,
                 decoder_sparse_step=2,
@@ -242,11 +256,12 @@ def build_model(name: str, tokenizer):
     vision_ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
                           tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
     if name == "qwen3_5-vl":
-        text = _text_kwargs(tokenizer, intermediate_size=128, tie_word_embeddings=True, rope_parameters=dict(VL_ROPE))
+        text = _text_kwargs(tokenizer, dims, intermediate_size=128, tie_word_embeddings=True,
+                            rope_parameters=dict(VL_ROPE))
         config = tf.Qwen3_5Config(text_config=text, vision_config=VISION, tie_word_embeddings=True, **vision_ids)
         return tf.Qwen3_5ForConditionalGeneration(config)
     if name == "qwen3_5-moe-vl":
-        text = _text_kwargs(tokenizer, **_MOE, tie_word_embeddings=False, rope_parameters=dict(VL_ROPE))
+        text = _text_kwargs(tokenizer, dims, **_MOE, tie_word_embeddings=False, rope_parameters=dict(VL_ROPE))
         config = tf.Qwen3_5MoeConfig(text_config=text, vision_config=VISION, tie_word_embeddings=False, **vision_ids)
         return tf.Qwen3_5MoeForConditionalGeneration(config)
     raise ValueError(f"name must be one of {list(MODELS)}; got {name!r}")

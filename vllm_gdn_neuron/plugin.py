@@ -185,6 +185,28 @@ def prepare_config(vllm_config) -> None:
         quantization=model_config.quantization,
         prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
     )
+    choose_fp8_serving(model_config, tp_size)
+
+
+def choose_fp8_serving(model_config, tp_size: int) -> None:
+    """Serve a block-FP8 checkpoint (held aside by :func:`prepare_model_config`) through vLLM's FP8
+    kernels where :func:`vllm_gdn_neuron.shells.vllm.fp8_kernels.choose_fp8_path` finds them for
+    this platform, dtype, dims and ``tp_size``: its ``quantization_config`` goes back to vLLM
+    (:func:`vllm_gdn_neuron.model.fp8.release_held`), which then builds FP8 layers where the
+    shell asks for them. Otherwise it stays held, and the loader dequantizes. Either way the
+    decision is recorded on the checkpoint's config (:data:`~vllm_gdn_neuron.model.fp8.FP8_PATH_KEY`)
+    for the model's one log line. Runs before vLLM reads the quantization config.
+    """
+    from vllm_gdn_neuron.model.fp8 import FP8_PATH_KEY, held_fp8_config, release_held
+    from vllm_gdn_neuron.shells.vllm.fp8_kernels import choose_fp8_path
+
+    held = held_fp8_config(model_config.hf_config)
+    if not held:
+        return
+    path = choose_fp8_path(model_config.hf_text_config, held, model_config.dtype, tp_size, platform_kind())
+    if path.kernels:
+        release_held(model_config)
+    setattr(model_config.hf_config, FP8_PATH_KEY, path)
 
 
 def prepare_model_config(model_config) -> None:

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
+from vllm_gdn_neuron.model.checkpoint import text_tensor_name
+
 FP8_METHOD = "fp8"
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
@@ -75,6 +77,23 @@ def is_quantized_weight(name: str, modules_to_not_convert: Iterable[str] = ()) -
     if not (module.endswith(QUANTIZED_PROJECTIONS) or _EXPERT_PROJECTION.search(module)):
         return False
     return not any(module == skipped or module.startswith(skipped + ".") for skipped in modules_to_not_convert)
+
+
+def module_is_quantized(checkpoint_modules: Iterable[str], modules_to_not_convert: Iterable[str] = ()) -> bool:
+    """Whether a module loaded from the checkpoint modules ``checkpoint_modules`` (a merged projection's
+    parts; text-decoder names, ``model.layers.N...`` or ``mtp.layers.N...``) is stored in block-FP8:
+    :func:`is_quantized_weight` of every part, ``modules_to_not_convert`` read in the same names
+    (a vision-language checkpoint's ``model.language_model.`` wrapper dropped).
+
+    Raises:
+        ValueError: some parts quantized and others not (one module holds one format).
+    """
+    skipped = [text_tensor_name(name) or name for name in modules_to_not_convert]
+    quantized = {module: is_quantized_weight(module + ".weight", skipped) for module in checkpoint_modules}
+    if len(set(quantized.values())) > 1:
+        raise ValueError(f"a merged projection's parts must all be block-FP8 or none; got {quantized} "
+                         f"(quantization_config.modules_to_not_convert lists some of them)")
+    return any(quantized.values())
 
 
 def scale_shape(weight_shape: Iterable[int], block_size: tuple[int, int] = BLOCK_SIZE) -> tuple[int, int]:
@@ -288,6 +307,8 @@ def check_quantized_checkpoint(quantization_config: Mapping | None, method: str 
         check_checkpoint_scales(read_tensor_headers(folder), block_size_of(quantization_config))
 
 
+# Where the vLLM plugin records how a block-FP8 checkpoint is served (its ``Fp8Path``), for the model's log line.
+FP8_PATH_KEY = "vllm_gdn_neuron_fp8_path"
 # Where :func:`hold_dequantized` keeps a block-FP8 checkpoint's quantization_config on the config.
 DEQUANTIZED_CONFIG_KEY = "vllm_gdn_neuron_fp8_config"
 
@@ -307,6 +328,22 @@ def hold_dequantized(model_config) -> None:
         arch_config.quantization_config = None
     if model_config.quantization == FP8_METHOD:
         model_config.quantization = None
+
+
+def release_held(model_config) -> None:
+    """Undo :func:`hold_dequantized`: the ``quantization_config`` goes back where vLLM reads it
+    (and ``model_config.quantization`` becomes ``fp8``), so vLLM builds its FP8 layers and the
+    weights load as they are stored."""
+    hf_config = model_config.hf_config
+    quantization_config = held_fp8_config(hf_config)
+    if quantization_config is None:
+        raise ValueError("release_held: the config holds no block-FP8 quantization_config aside")
+    delattr(hf_config, DEQUANTIZED_CONFIG_KEY)
+    hf_config.quantization_config = quantization_config
+    arch_config = getattr(model_config, "model_arch_config", None)
+    if arch_config is not None:
+        arch_config.quantization_config = quantization_config
+    model_config.quantization = FP8_METHOD
 
 
 def held_fp8_config(hf_config) -> Mapping | None:

@@ -222,6 +222,17 @@ _CHECKPOINT_PARTS = (
 )
 
 
+def checkpoint_modules(module: str) -> tuple[str, ...]:
+    """The checkpoint modules (Qwen3.5's flat names) a module of this layout is loaded from: a merged
+    projection's parts (``...self_attn.qkv_proj`` -> its ``q_proj``, ``k_proj``, ``v_proj``), the routed
+    experts' projections (expert 0's standing for all), or the module itself."""
+    if module.endswith(".mlp.experts"):
+        return tuple(f"{module}.0.{proj}" for proj in ("gate_proj", "up_proj", "down_proj"))
+    parts = tuple(module[: -len(merged.name)] + flat for flat, merged, _ in _CHECKPOINT_PARTS
+                  if module.endswith("." + merged.name))
+    return parts or (module,)
+
+
 @dataclass(frozen=True)
 class PartLoad:
     """One part of a merged projection (or a whole parameter) from one checkpoint tensor.

@@ -4,12 +4,15 @@ The per-token math (q/gate split, zero-centred q/k norms, partial RoPE, output g
 :class:`vllm_gdn_neuron.model.attention.GatedAttentionMath`, shared with the Neuron shell.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from vllm.config import CacheConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from vllm_gdn_neuron.model.attention import GatedAttentionMath, check_attention_heads
 
@@ -26,9 +29,11 @@ class GatedAttention(GatedAttentionMath):
             ``head_dim``, ``rope_parameters`` with ``partial_rotary_factor``, ``rms_norm_eps``).
         cache_config: vLLM cache config of the paged KV cache.
         prefix: the layer's dotted name (``model.layers.N.self_attn``).
+        quant_config: a module's name -> vLLM's quantization config for it (None: unquantized).
     """
 
-    def __init__(self, config, cache_config: CacheConfig | None, prefix: str) -> None:
+    def __init__(self, config, cache_config: CacheConfig | None, prefix: str,
+                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
         tp_size = get_tensor_model_parallel_world_size()
         check_attention_heads(config, tp_size)
         total_heads = config.num_attention_heads
@@ -44,10 +49,12 @@ class GatedAttention(GatedAttentionMath):
             2 * total_heads,
             total_kv_heads,
             bias=getattr(config, "attention_bias", False),
+            quant_config=quant_config(f"{prefix}.qkv_proj"),
             prefix=f"{prefix}.qkv_proj",
         )
         self.o_proj = RowParallelLinear(
-            total_heads * self.head_dim, config.hidden_size, bias=False, prefix=f"{prefix}.o_proj"
+            total_heads * self.head_dim, config.hidden_size, bias=False, quant_config=quant_config(f"{prefix}.o_proj"),
+            prefix=f"{prefix}.o_proj"
         )
         self.attn = Attention(
             self.num_heads,

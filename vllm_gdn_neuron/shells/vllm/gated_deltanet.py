@@ -26,6 +26,7 @@ the model once with ``attn_metadata=None`` before it allocates the cache, and th
 state exists to advance; that run (no metadata *and* no cache bound) mixes nothing.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,7 @@ from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_pa
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -66,6 +68,8 @@ class GatedDeltaNet(nn.Module, MambaBase):
         config: Hugging Face text config (``linear_*``, ``hidden_size``, ``rms_norm_eps``).
         vllm_config: the engine config (dtypes of the states, TP size).
         prefix: the layer's dotted name; it keys the step's attention metadata.
+        quant_config: a module's name -> vLLM's quantization config for it (None: unquantized;
+            ``in_proj_ba`` is never quantized).
 
     Parameters (checkpoint names, after the model's loader maps them; this rank's share of each,
     :mod:`vllm_gdn_neuron.model.parameters`):
@@ -74,7 +78,8 @@ class GatedDeltaNet(nn.Module, MambaBase):
         A_log, dt_bias [Hv] float32; norm.weight [Dv]; out_proj.weight [H, Hv*Dv].
     """
 
-    def __init__(self, config, vllm_config: VllmConfig, prefix: str) -> None:
+    def __init__(self, config, vllm_config: VllmConfig, prefix: str,
+                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
         super().__init__()
         self.prefix = prefix
         self.tp_size = get_tensor_model_parallel_world_size()
@@ -86,7 +91,8 @@ class GatedDeltaNet(nn.Module, MambaBase):
         self.dims = dims = GDNDims.from_config(config, self.tp_size)
 
         self.in_proj_qkvz = MergedColumnParallelLinear(
-            config.hidden_size, list(GDN_QKVZ.part_sizes(config)), bias=False, prefix=f"{prefix}.in_proj_qkvz"
+            config.hidden_size, list(GDN_QKVZ.part_sizes(config)), bias=False,
+            quant_config=quant_config(f"{prefix}.in_proj_qkvz"), prefix=f"{prefix}.in_proj_qkvz"
         )
         self.in_proj_ba = MergedColumnParallelLinear(
             config.hidden_size, list(GDN_BA.part_sizes(config)), bias=False, prefix=f"{prefix}.in_proj_ba"
@@ -100,7 +106,7 @@ class GatedDeltaNet(nn.Module, MambaBase):
         self.norm = GatedRMSNorm(dims.head_v_dim, eps=config.rms_norm_eps)
         self.out_proj = RowParallelLinear(
             GDNDims.from_config(config).value_dim, config.hidden_size, bias=False, input_is_parallel=True,
-            prefix=f"{prefix}.out_proj",
+            quant_config=quant_config(f"{prefix}.out_proj"), prefix=f"{prefix}.out_proj",
         )
 
         conv_dtype, ssm_dtype = self.get_state_dtype()

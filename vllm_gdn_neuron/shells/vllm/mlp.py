@@ -4,11 +4,14 @@ The math (SwiGLU, the gated shared expert) is :mod:`vllm_gdn_neuron.model.mlp`; 
 routed experts run in vLLM's fused MoE (its top-k softmax routing, renormalised).
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from vllm_gdn_neuron.model.mlp import gated_shared_expert, swiglu
 
@@ -20,14 +23,18 @@ class SwiGLUMLP(nn.Module):
         hidden_size: H.
         intermediate_size: I (the full size; each TP rank holds I / tp).
         prefix: dotted name, e.g. ``model.layers.N.mlp``.
+        quant_config: a module's name -> vLLM's quantization config for it (None: unquantized).
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int, prefix: str) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, prefix: str,
+                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size] * 2, bias=False, prefix=f"{prefix}.gate_up_proj"
+            hidden_size, [intermediate_size] * 2, bias=False, quant_config=quant_config(f"{prefix}.gate_up_proj"),
+            prefix=f"{prefix}.gate_up_proj"
         )
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, prefix=f"{prefix}.down_proj")
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False,
+                                           quant_config=quant_config(f"{prefix}.down_proj"), prefix=f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H] -> [T, H]."""
@@ -46,9 +53,12 @@ class SparseMoE(nn.Module):
         config: Hugging Face MoE text config (``num_experts``, ``num_experts_per_tok``,
             ``moe_intermediate_size``, ``shared_expert_intermediate_size``).
         prefix: dotted name, e.g. ``model.layers.N.mlp``.
+        quant_config: a module's name -> vLLM's quantization config for it (None: unquantized); the
+            router and the shared expert's gate are never quantized.
     """
 
-    def __init__(self, config, prefix: str) -> None:
+    def __init__(self, config, prefix: str,
+                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
         super().__init__()
         self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False, prefix=f"{prefix}.gate")
         self.experts = FusedMoEFactory(
@@ -58,10 +68,12 @@ class SparseMoE(nn.Module):
             intermediate_size=config.moe_intermediate_size,
             renormalize=getattr(config, "norm_topk_prob", True),
             reduce_results=True,
+            quant_config=quant_config(f"{prefix}.experts"),
             prefix=f"{prefix}.experts",
         )
         self.shared_expert = SwiGLUMLP(
-            config.hidden_size, config.shared_expert_intermediate_size, prefix=f"{prefix}.shared_expert"
+            config.hidden_size, config.shared_expert_intermediate_size, prefix=f"{prefix}.shared_expert",
+            quant_config=quant_config,
         )
         self.shared_expert_gate = ReplicatedLinear(
             config.hidden_size, 1, bias=False, prefix=f"{prefix}.shared_expert_gate"

@@ -27,6 +27,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
@@ -38,7 +39,8 @@ from vllm.sequence import IntermediateTensors
 from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
 from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
-from vllm_gdn_neuron.model.fp8 import held_fp8_config
+from vllm_gdn_neuron.model.fp8 import FP8_PATH_KEY, block_size_of, held_fp8_config, is_scale_name, module_is_quantized
+from vllm_gdn_neuron.model.parameters import checkpoint_modules
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
 from vllm_gdn_neuron.model.vision import VisionTower, prompt_mrope_positions, vision_grid_inputs
@@ -52,7 +54,7 @@ from vllm_gdn_neuron.shells.vision_processing import (
     Qwen3_5VisionProcessingInfo,
     placeholder_str,
 )
-from vllm_gdn_neuron.shells.vllm.weights import dequantizing, plan_loads
+from vllm_gdn_neuron.shells.vllm.weights import dequantizing, plan_loads, plan_scale_loads
 
 # Under the "vllm" logger so vLLM's log configuration prints it.
 logger = init_logger(f"vllm.plugins.{__name__}")
@@ -64,6 +66,18 @@ class VllmDecoderParts(DecoderParts):
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
 
+    def quant_config(self, module: str) -> QuantizationConfig | None:
+        """vLLM's quantization config for the module ``module`` (the shell's name, e.g.
+        ``model.layers.0.self_attn.qkv_proj``) where the checkpoint stores it in block-FP8 and vLLM
+        serves it so (:func:`vllm_gdn_neuron.shells.vllm.fp8_kernels.choose_fp8_path`); None for an
+        unquantized module, or when the weights are dequantized at load."""
+        quant_config = self.vllm_config.quant_config
+        if quant_config is None:
+            return None
+        checkpoint = self.vllm_config.model_config.hf_config.quantization_config
+        skipped = checkpoint.get("modules_to_not_convert") or ()
+        return quant_config if module_is_quantized(checkpoint_modules(module), skipped) else None
+
     def embedding(self, config) -> nn.Module:
         return VocabParallelEmbedding(config.vocab_size, config.hidden_size)
 
@@ -71,16 +85,16 @@ class VllmDecoderParts(DecoderParts):
         return ZeroCentredRMSNorm(hidden_size, eps=eps)
 
     def linear_attention(self, config, prefix: str) -> nn.Module:
-        return GatedDeltaNet(config, self.vllm_config, prefix=prefix)
+        return GatedDeltaNet(config, self.vllm_config, prefix=prefix, quant_config=self.quant_config)
 
     def full_attention(self, config, prefix: str) -> nn.Module:
-        return GatedAttention(config, self.vllm_config.cache_config, prefix=prefix)
+        return GatedAttention(config, self.vllm_config.cache_config, prefix=prefix, quant_config=self.quant_config)
 
     def dense_mlp(self, config, prefix: str) -> nn.Module:
-        return SwiGLUMLP(config.hidden_size, config.intermediate_size, prefix=prefix)
+        return SwiGLUMLP(config.hidden_size, config.intermediate_size, prefix=prefix, quant_config=self.quant_config)
 
     def sparse_moe(self, config, prefix: str) -> nn.Module:
-        return SparseMoE(config, prefix=prefix)
+        return SparseMoE(config, prefix=prefix, quant_config=self.quant_config)
 
     def replicated_linear(self, in_features: int, out_features: int, prefix: str) -> nn.Module:
         return GatheredLinear(in_features, out_features, bias=False, gather_output=True, prefix=prefix)
@@ -124,14 +138,23 @@ class CheckpointLoader:
 
     checkpoint_config = None
     weight_dtype = torch.float32
+    fp8_block_size = None
 
     def take_checkpoint_config(self, model_config) -> None:
         """Keep what loading needs of the engine's model config: the checkpoint's config and the
         dtype the weights are held in; say how a block-FP8 checkpoint is held."""
         self.checkpoint_config, self.weight_dtype = model_config.hf_config, model_config.dtype
+        path = getattr(self.checkpoint_config, FP8_PATH_KEY, None)
         if held_fp8_config(self.checkpoint_config):
             logger.info("vllm-gdn-neuron: block-FP8 checkpoint: weights dequantized to %s at load (held and run "
-                        "in %s, as an unquantized checkpoint)", self.weight_dtype, self.weight_dtype)
+                        "in %s, as an unquantized checkpoint)%s", self.weight_dtype, self.weight_dtype,
+                        f"; vLLM's FP8 kernels not used: {path.reason}" if path else "")
+        elif path is not None:
+            logger.info("vllm-gdn-neuron: block-FP8 checkpoint: weights held in FP8 (float8_e4m3fn and their block "
+                        "scales) and run through vLLM's FP8 kernels (%s), activations in %s", path.reason,
+                        self.weight_dtype)
+        self.fp8_block_size = (block_size_of(self.checkpoint_config.quantization_config)
+                               if path is not None and path.kernels else None)
 
     def checkpoint_tensor_name(self, checkpoint_name: str) -> str | None:
         """This module's name of a checkpoint tensor, or None for one it does not take."""
@@ -159,7 +182,9 @@ class CheckpointLoader:
             if ".mlp.experts." in name:
                 loaded |= self._load_experts(name, tensor)
                 continue
-            for param_name, shard, part in plan_loads(name, tensor, self.config):
+            loads = (plan_scale_loads(name, tensor, self.config, self.fp8_block_size) if is_scale_name(name)
+                     else plan_loads(name, tensor, self.config))
+            for param_name, shard, part in loads:
                 if param_name not in params:
                     raise ValueError(
                         f"checkpoint tensor {checkpoint_name!r} has no parameter {param_name!r} in "
