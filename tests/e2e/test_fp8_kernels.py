@@ -1,0 +1,88 @@
+"""Block-FP8 checkpoints through vLLM's own FP8 CPU kernels (AMX), and the fallback to dequantizing at load.
+
+The kernel path (W8A16: bf16 activations times FP8 weights) is held to bf16-level error against
+the dequantized fp32 oracle: transformers on the checkpoint's dequantized twin
+(``tests.support.fp8``), by the bf16 logprob error-ratio rule and the bf16 greedy rule with fp32
+logits of ``tests.support.oracle``. The ``-blocks`` tiny models have every quantized projection in
+whole 128 x 128 blocks, as the kernels need; the ``-fp8`` tiny twins (64-wide) do not, and fall back.
+"""
+
+import pytest
+import torch
+
+from tests.support.engines import engine
+from tests.support.fp8 import dequantized_twin
+from tests.support.oracle import assert_greedy_matches, assert_logprob_error_ratio, hf_bf16_oracle_in_subprocess
+
+PROMPTS = [[7], [(5 * i + 3) % 500 + 3 for i in range(90)], list(range(3, 260))]
+MAX_TOKENS = 8
+LOGPROBS = 5
+KERNELS_LOG = ("vllm-gdn-neuron: block-FP8 checkpoint: weights held in FP8 (float8_e4m3fn and their block scales) "
+               "and run through vLLM's FP8 kernels (CPUFp8BlockScaledMMKernel for the linear layers")
+DEQUANTIZED_LOG = "vllm-gdn-neuron: block-FP8 checkpoint: weights dequantized to torch.bfloat16 at load"
+
+
+def _serve(model_dir: str, **kwargs):
+    """Greedy runs of ``PROMPTS`` in bf16 with their top logprobs, the model's log lines, and the
+    dtypes of the weights the model holds (name -> dtype)."""
+    from vllm import SamplingParams
+
+    from vllm_gdn_neuron.shells.vllm import qwen3_5
+
+    lines: list[str] = []
+    info = qwen3_5.logger.info
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=LOGPROBS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qwen3_5.logger, "info", lambda message, *args: (lines.append(message % args), info(message, *args)))
+        with engine(model_dir, dtype="bfloat16", enable_prefix_caching=False, **kwargs) as llm:
+            outs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                                                       use_tqdm=False)]
+            dtypes = llm.apply_model(lambda model: {n: p.dtype for n, p in model.named_parameters()})[0]
+    runs = []
+    for out in outs:
+        best = [sorted(step.items(), key=lambda item: item[1].rank)[:LOGPROBS] for step in out.logprobs]
+        runs.append((list(out.token_ids), [[t for t, _ in s] for s in best], [[lp.logprob for _, lp in s] for s in best]))
+    return runs, lines, dtypes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3_5-moe-blocks-fp8", "qwen3-next-blocks-fp8"])
+def test_fp8_kernels_are_within_bf16_error_of_the_dequantized_fp32_oracle(tiny_model, tmp_path, name):
+    model = tiny_model(name)
+    runs, lines, dtypes = _serve(model)
+    assert any(line.startswith(KERNELS_LOG) for line in lines), lines
+    # The projections and experts hold FP8 (packed by the kernels), the rest bf16.
+    assert dtypes["model.layers.0.linear_attn.in_proj_qkvz.weight"] == torch.float8_e4m3fn
+    assert dtypes["model.layers.3.self_attn.o_proj.weight"] == torch.float8_e4m3fn
+    experts = [dtype for param, dtype in dtypes.items()
+               if param.startswith("model.layers.1.mlp.experts.") and param.endswith(("w13_weight", "w2_weight"))]
+    assert experts == [torch.float8_e4m3fn] * 2, dtypes
+    assert dtypes["model.layers.0.linear_attn.in_proj_ba.weight"] == torch.bfloat16
+    assert dtypes["model.layers.1.mlp.gate.weight"] == torch.bfloat16
+
+    twin = dequantized_twin(model, tmp_path / "twin")
+    scored = [(prompt, ids, tokens) for prompt, (ids, tokens, _) in zip(PROMPTS, runs)]
+    greedy, forced = hf_bf16_oracle_in_subprocess(twin, PROMPTS, MAX_TOKENS, scored)
+    ratio = assert_logprob_error_ratio([torch.tensor(logprobs) for _, _, logprobs in runs], forced)
+    print(f"{name}: FP8-kernel bf16 logprob error {ratio:.3f}x transformers' own bf16 error")
+    for (ids, _, _), (want, want_logits, fp32_logits) in zip(runs, greedy):
+        assert_greedy_matches(ids, want, want_logits, torch.bfloat16, fp32_logits=fp32_logits)
+
+
+@pytest.mark.slow
+def test_tiny_dims_off_the_block_fall_back_to_dequantizing(tiny_model):
+    _, lines, dtypes = _serve(tiny_model("qwen3_5-moe-fp8"))
+    reason = "vLLM's FP8 kernels not used: linear_attn.in_proj_qkvz's parts [64, 64, 64, 64] x 64 per rank (tp=1)"
+    assert any(line.startswith(DEQUANTIZED_LOG) and reason in line for line in lines), lines
+    assert dtypes["model.layers.0.linear_attn.in_proj_qkvz.weight"] == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_a_cpu_without_amx_falls_back_to_dequantizing(tiny_model, monkeypatch):
+    """vLLM's capability check (``torch.cpu._is_amx_tile_supported``, which its CPU FP8 kernels ask)
+    says no AMX: the whole-block model is dequantized, and the line says why."""
+    model = tiny_model("qwen3_5-moe-blocks-fp8")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    _, lines, dtypes = _serve(model)
+    assert any(line.startswith(DEQUANTIZED_LOG) and "requires AMX tile support" in line for line in lines), lines
+    assert dtypes["model.layers.0.linear_attn.in_proj_qkvz.weight"] == torch.bfloat16
