@@ -139,3 +139,32 @@ def test_gated_deltanet_loaders_write_each_rank_its_described_share(tensor_paral
         for name, param in params.items():
             want = rank_share(f"{prefix}.{name}", whole[name], config, tp, rank)
             torch.testing.assert_close(param.data, want, rtol=0, atol=0, msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.parametrize("name", ["model.layers.0.linear_attn.in_proj_qkv.weight",
+                                  "model.layers.0.linear_attn.in_proj_qkvz.weight"])
+def test_block_scales_are_cut_into_the_parts_their_weight_is_cut_into(name):
+    """Each part's scales are the blocks of its weight rows: dequantizing part by part (the weight's
+    parts by ``plan_loads``, the scales' by ``plan_scale_loads``) gives the whole weight's parts."""
+    from vllm_gdn_neuron.model.fp8 import dequantize_blocks, quantize_blocks, scale_name
+    from vllm_gdn_neuron.shells.vllm.weights import plan_scale_loads
+
+    config = _config(2, 4, 128, 64)  # q, k 256 rows; v, z 256 rows; Qwen3-Next groups of 2*128 + 2*128 rows
+    rows = 3 * 256 if name.endswith("in_proj_qkv.weight") else 4 * 256
+    torch.manual_seed(0)
+    fp8, scale = quantize_blocks(torch.randn(rows, 256), scale_dtype=torch.bfloat16)
+    weights = list(plan_loads(name, fp8, config))
+    scales = list(plan_scale_loads(scale_name(name), scale, config, (128, 128)))
+    assert [(p + "_scale_inv", s) for p, s, _ in weights] == [(p, s) for p, s, _ in scales]
+    whole = list(plan_loads(name, dequantize_blocks(fp8, scale), config))
+    for (_, _, w), (_, _, s), (_, _, want) in zip(weights, scales, whole):
+        torch.testing.assert_close(dequantize_blocks(w.contiguous(), s), want, rtol=0, atol=0)
+
+
+def test_block_scales_of_a_part_off_the_block_are_refused():
+    from vllm_gdn_neuron.shells.vllm.weights import plan_scale_loads
+
+    config = _config(2, 4, 32, 32)  # q, k 64 rows, v 128: the first block holds q and k rows together
+    with pytest.raises(ValueError, match=r"in_proj_qkvz.weight_scale_inv: a part of 64 rows is not whole blocks"):
+        list(plan_scale_loads("model.layers.0.linear_attn.in_proj_qkv.weight_scale_inv",
+                              torch.arange(2.0).reshape(2, 1), config, (128, 128)))
