@@ -37,6 +37,7 @@ from vllm_gdn_neuron import cpu_memory, envs
 from vllm_gdn_neuron.preflight import (
     Checkpoint,
     CheckpointError,
+    fp8_path,
     kv_bytes_per_token,
     load_checkpoint,
     parameter_count,
@@ -268,6 +269,7 @@ class Settings:
     cache: int | None
     kv_per_token: int
     state_per_sequence: int
+    fp8_kernels: bool = False  # a block-FP8 checkpoint held in FP8 for vLLM's kernels (else dequantized)
 
     def context_estimate(self, checkpoint: Checkpoint) -> int:
         """The longest context one sequence can have in the cache (KV + its GDN state)."""
@@ -281,7 +283,7 @@ class Settings:
         lines = [
             f"vllm-gdn-serve: {checkpoint.source} ({checkpoint.architecture}), "
             f"{format_count(parameter_count(checkpoint.text))} parameters",
-            f"  weights {format_bytes(self.weights)} ({self.dtype}{held_as(checkpoint)}); memory available "
+            f"  weights {format_bytes(self.weights)} ({self.dtype}{held_as(checkpoint, self.fp8_kernels)}); memory available "
             f"{format_bytes(self.available)} ({self.available_source}); runtime {format_bytes(RUNTIME_BYTES)}",
             *(f"  vLLM's CPU worker {w.rank} ({cpu_memory.BIND_ENV}={bind}: CPUs "
               f"{cpu_memory.format_id_list(w.cpus)}) checks NUMA node {w.node}: {format_bytes(w.memory.available)} "
@@ -300,9 +302,14 @@ class Settings:
         return "\n".join(lines)
 
 
-def held_as(checkpoint: Checkpoint) -> str:
+def held_as(checkpoint: Checkpoint, fp8_kernels: bool = False) -> str:
     """How a quantized checkpoint's weights are held once loaded ("" for an unquantized one)."""
-    return ", block-FP8 checkpoint dequantized at load" if checkpoint.quantization else ""
+    if not checkpoint.quantization:
+        return ""
+    if fp8_kernels:
+        return (", block-FP8 checkpoint held in FP8 for vLLM's FP8 kernels: projections and experts 1 B, "
+                "float32 block scales")
+    return ", block-FP8 checkpoint dequantized at load"
 
 
 def builds_vision_tower(given: dict[str, str | None]) -> bool:
@@ -344,7 +351,10 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
     dtype = given.get("dtype") or "auto"
     dtype = checkpoint.dtype if dtype == "auto" else {"half": "float16", "float": "float32"}.get(dtype, dtype)
     text = checkpoint.text
-    weights = weight_bytes(text, dtype) + (vision_weight_bytes(checkpoint, dtype) if builds_vision_tower(given) else 0)
+    path = fp8_path(checkpoint, dtype, int(given.get("tensor-parallel-size") or 1))
+    block_size = tuple(checkpoint.quantization_config["weight_block_size"]) if path and path.kernels else None
+    weights = (weight_bytes(text, dtype, block_size)
+               + (vision_weight_bytes(checkpoint, dtype) if builds_vision_tower(given) else 0))
     kv_per_token = kv_bytes_per_token(text, dtype)
     state = state_bytes_per_sequence(text, dtype)
     available, source = memory
@@ -373,7 +383,8 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
         flags += ["--kv-cache-memory-bytes", str(cache)]
     if "max-model-len" not in given:
         flags += ["--max-model-len", "-1"]
-    return Settings(flags, dtype, weights, available, source, workers, cache, kv_per_token, state)
+    return Settings(flags, dtype, weights, available, source, workers, cache, kv_per_token, state,
+                    fp8_kernels=bool(path and path.kernels))
 
 
 def serve_args(args: list[str]) -> list[str]:

@@ -188,6 +188,14 @@ def prepare_config(vllm_config) -> None:
     choose_fp8_serving(model_config, tp_size)
 
 
+def fp8_path(text_config, quantization_config, dtype, tp_size: int):
+    """How a block-FP8 checkpoint is served on this platform: through vLLM's FP8 kernels or dequantized
+    at load (:func:`vllm_gdn_neuron.shells.vllm.fp8_kernels.choose_fp8_path`, an ``Fp8Path``)."""
+    from vllm_gdn_neuron.shells.vllm.fp8_kernels import choose_fp8_path
+
+    return choose_fp8_path(text_config, quantization_config, dtype, tp_size, platform_kind())
+
+
 def choose_fp8_serving(model_config, tp_size: int) -> None:
     """Serve a block-FP8 checkpoint (held aside by :func:`prepare_model_config`) through vLLM's FP8
     kernels where :func:`vllm_gdn_neuron.shells.vllm.fp8_kernels.choose_fp8_path` finds them for
@@ -198,12 +206,11 @@ def choose_fp8_serving(model_config, tp_size: int) -> None:
     for the model's one log line. Runs before vLLM reads the quantization config.
     """
     from vllm_gdn_neuron.model.fp8 import FP8_PATH_KEY, held_fp8_config, release_held
-    from vllm_gdn_neuron.shells.vllm.fp8_kernels import choose_fp8_path
 
     held = held_fp8_config(model_config.hf_config)
     if not held:
         return
-    path = choose_fp8_path(model_config.hf_text_config, held, model_config.dtype, tp_size, platform_kind())
+    path = fp8_path(model_config.hf_text_config, held, model_config.dtype, tp_size)
     if path.kernels:
         release_held(model_config)
     setattr(model_config.hf_config, FP8_PATH_KEY, path)

@@ -18,7 +18,13 @@ import json
 import pathlib
 import types
 
-from vllm_gdn_neuron.model.dims import ModelDims, config_layer_types, count_vision_weights, count_weights
+from vllm_gdn_neuron.model.dims import (
+    ModelDims,
+    config_layer_types,
+    count_fp8_weights,
+    count_vision_weights,
+    count_weights,
+)
 from vllm_gdn_neuron.plugin import ARCHITECTURES
 from vllm_gdn_neuron.units import DTYPE_BYTES
 
@@ -46,7 +52,9 @@ class Checkpoint:
         vision: the vision tower's config fields (``vision_config``) of a vision-language
             checkpoint, else None.
         quantization: the checkpoint's ``quant_method`` (``"fp8"``: block-FP8 weights, which
-            the plugin dequantizes to ``dtype`` at load), None for an unquantized checkpoint.
+            the plugin serves through vLLM's FP8 kernels or dequantizes to ``dtype`` at load,
+            :func:`fp8_path`), None for an unquantized checkpoint.
+        quantization_config: the checkpoint's ``quantization_config`` (None: unquantized).
     """
 
     source: str
@@ -56,6 +64,7 @@ class Checkpoint:
     name: str
     vision: dict | None = None
     quantization: str | None = None
+    quantization_config: dict | None = None
 
 
 def load_checkpoint(model: str) -> Checkpoint:
@@ -92,7 +101,8 @@ def load_checkpoint(model: str) -> Checkpoint:
     dtype = str(fields.get("dtype") or fields.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype") or "bfloat16")
     checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name,
                             vision=config.get("vision_config") if "text_config" in config else None,
-                            quantization=(config.get("quantization_config") or {}).get("quant_method"))
+                            quantization=(config.get("quantization_config") or {}).get("quant_method"),
+                            quantization_config=config.get("quantization_config"))
     try:
         check_servable(checkpoint, config.get("quantization_config"), folder=path if path.is_dir() else None)
     except ValueError as error:
@@ -200,9 +210,34 @@ def parameter_count(text) -> int:
     return count_weights(ModelDims.from_hf(text, name="checkpoint", source="config.json")).total
 
 
-def weight_bytes(text, dtype: str) -> int:
-    """Bytes of the served text model's weights in ``dtype``."""
-    return parameter_count(text) * DTYPE_BYTES[dtype]
+# Bytes of one FP8 weight, and of one block scale as vLLM's FP8 layers hold it (float32).
+FP8_WEIGHT_BYTES = 1
+FP8_SCALE_BYTES = 4
+
+
+def weight_bytes(text, dtype: str, fp8_block_size: tuple[int, int] | None = None) -> int:
+    """Bytes of the served text model's weights in ``dtype``; with ``fp8_block_size`` (a block-FP8
+    checkpoint held in FP8, :func:`fp8_path`), the quantized projections at one byte each plus
+    their block scales (``model.dims.count_fp8_weights``)."""
+    total = parameter_count(text) * DTYPE_BYTES[dtype]
+    if fp8_block_size is None:
+        return total
+    elements, blocks = count_fp8_weights(ModelDims.from_hf(text, name="checkpoint", source="config.json"),
+                                         fp8_block_size)
+    return total - elements * (DTYPE_BYTES[dtype] - FP8_WEIGHT_BYTES) + blocks * FP8_SCALE_BYTES
+
+
+def fp8_path(checkpoint: Checkpoint, dtype: str, tp_size: int):
+    """How the CPU shell will serve a block-FP8 checkpoint in ``dtype`` over ``tp_size`` ranks
+    (:func:`vllm_gdn_neuron.plugin.fp8_path`: through vLLM's FP8 kernels, or dequantized at load);
+    None for an unquantized checkpoint."""
+    import torch
+
+    from vllm_gdn_neuron.plugin import fp8_path as plugin_fp8_path
+
+    if not checkpoint.quantization_config:
+        return None
+    return plugin_fp8_path(checkpoint.text, checkpoint.quantization_config, getattr(torch, dtype), tp_size)
 
 
 def vision_weight_bytes(checkpoint: Checkpoint, dtype: str) -> int:

@@ -347,3 +347,32 @@ def test_derived_flags_come_before_the_users_own(dense, monkeypatch, capsys):
     assert "--served-model-name" in args[1:-2]
     report = capsys.readouterr().err
     assert "weights" in report and "derived: --served-model-name qwen3_5-dense" in report
+
+
+def test_a_block_fp8_checkpoint_kept_in_fp8_counts_its_fp8_bytes_and_scales(tiny_model, monkeypatch, capsys):
+    """Whole-block dims in bf16 on a CPU with vLLM's FP8 kernels: the projections and experts count one
+    byte each, plus a float32 scale per 128 x 128 block; the rest as the bf16 twin."""
+    import torch
+
+    from vllm_gdn_neuron.model.dims import ModelDims, count_fp8_weights
+    from vllm_gdn_neuron.preflight import load_checkpoint, weight_bytes
+
+    if not torch.cpu._is_amx_tile_supported():
+        pytest.skip("vLLM's FP8 CPU kernels need AMX")
+    bf16 = load_checkpoint(tiny_model("qwen3_5-moe-blocks"))
+    monkeypatch.setenv(cli.MEMORY_ENV, "8")
+    capsys.readouterr()  # the builder's progress output
+    cli.serve_args([tiny_model("qwen3_5-moe-blocks-fp8"), "--port", "9"])
+    report = capsys.readouterr().err
+    dims = ModelDims.from_hf(bf16.text, name="blocks", source="config.json")
+    # 4 layers (3 GatedDeltaNet, 1 attention), each with 4 experts and a shared expert, every weight whole blocks
+    elements, blocks = count_fp8_weights(dims, (128, 128))
+    gdn = 512 * 256 + 256 * 256 + 256 * 256  # in_proj_qkv [512, 256], in_proj_z [256, 256], out_proj
+    attention = 512 * 256 + 2 * 128 * 256 + 256 * 256  # q_proj (query and gate), k_proj, v_proj, o_proj
+    experts = 5 * 3 * 128 * 256  # 4 routed + 1 shared, gate / up / down
+    assert elements == 3 * gdn + attention + 4 * experts
+    assert blocks * 128 * 128 == elements
+    held = weight_bytes(bf16.text, "bfloat16") - elements + 4 * blocks
+    assert held == weight_bytes(bf16.text, "bfloat16", (128, 128))
+    assert (f"weights {cli.format_bytes(held)} (bfloat16, block-FP8 checkpoint held in FP8 for vLLM's FP8 kernels: "
+            f"projections and experts 1 B, float32 block scales)") in report, report

@@ -219,6 +219,30 @@ def count_weights(dims: ModelDims) -> WeightCount:
     return WeightCount(split=split, replicated=replicated, kv_projections=kv)
 
 
+def count_fp8_weights(dims: ModelDims, block_size: tuple[int, int]) -> tuple[int, int]:
+    """``(elements, blocks)`` of the text decoder's weights a block-FP8 checkpoint quantizes
+    (:data:`vllm_gdn_neuron.model.fp8.QUANTIZED_PROJECTIONS` and every routed expert), and of their
+    block scales (``ceil(N / Bn) * ceil(K / Bk)`` per weight), layer by layer as the checkpoint holds them."""
+    h, d = dims.hidden_size, dims.head_dim
+    value_width = dims.linear_num_value_heads * dims.linear_value_head_dim
+    weights: list[tuple[int, int, int]] = []  # (count, N, K)
+    for index, kind in enumerate(dims.layer_types):
+        if kind == "linear_attention":  # in_proj_qkv, in_proj_z, out_proj
+            weights += [(1, dims.conv_channels, h), (1, value_width, h), (1, h, value_width)]
+        else:  # q_proj (query and gate), k_proj, v_proj, o_proj
+            kv = dims.num_key_value_heads * d
+            weights += [(1, 2 * dims.num_attention_heads * d, h), (2, kv, h), (1, h, dims.num_attention_heads * d)]
+        if dims.is_moe_layer(index):
+            for count, inner in ((dims.num_experts, dims.moe_intermediate_size), (1, dims.shared_expert_intermediate_size)):
+                weights += [(2 * count, inner, h), (count, h, inner)]  # gate, up | down
+        else:
+            weights += [(2, dims.intermediate_size, h), (1, h, dims.intermediate_size)]
+    rows, cols = block_size
+    elements = sum(count * n * k for count, n, k in weights)
+    blocks = sum(count * -(-n // rows) * -(-k // cols) for count, n, k in weights if n and k)
+    return elements, blocks
+
+
 def count_vision_weights(vision_config) -> int:
     """Parameters of the vision tower (:class:`vllm_gdn_neuron.model.vision.VisionTower`),
     from a ``vision_config`` (an object or a dict with its fields), as the checkpoint holds them."""
