@@ -63,7 +63,11 @@ library is looked for: PRELOAD_CANDIDATES); ``--compiled`` runs each in vLLM's c
 ``LD_PRELOAD``; eager) and as ``ENGINE@preload`` / ``ENGINE@compiled``, taking turns like any
 other engines, with the ratio of each variant to its engine (best rounds, paired). ``--compare
 fp8`` runs every engine also as ``ENGINE@fp8`` on the block-FP8 twin of ``--model`` (written
-into ``benchmarks/results/<model>-fp8`` on first use; served dequantized to bf16 at load). The
+into ``benchmarks/results/<model>-fp8`` on first use): in bf16 on a CPU with AMX and whole-block
+dims (the real-dims checkpoints) it runs through vLLM's FP8 kernels, its weights held in FP8,
+so ``ENGINE@fp8`` against ``ENGINE`` (the bf16 checkpoint, the compute a dequantized twin does)
+is the FP8-kernel row against the dequantized-bf16 one; elsewhere the twin is dequantized at
+load. The
 engines start one at a time; the report states the set-up, each engine's start-up seconds and
 its resident memory after the warm-up.
 

@@ -56,6 +56,10 @@ as float8_e4m3fn with a ``weight_scale_inv`` per 128 x 128 block, the rest bf16,
 ``quantization_config`` the published ones carry. Tiny weights are smaller than one block:
 their blocks are clipped.
 
+The ``-blocks`` models (``qwen3_5-moe-blocks``, ``qwen3-next-blocks`` and their ``-fp8`` twins,
+built with ``--only``) are the tiny MoE and Qwen3-Next layouts at hidden 256 with every quantized
+projection's parts whole 128 x 128 blocks, so vLLM's FP8 CPU kernels serve their twins.
+
 The MoE ones keep ``--experts`` experts (default 8; the published 256 would not fit a
 shared machine) and route the published top-8 (at most ``--experts``) per token.
 """

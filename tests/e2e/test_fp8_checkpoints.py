@@ -1,4 +1,5 @@
-"""Block-FP8 checkpoints served on CPU (dequantized at load), and the quantized checkpoints refused.
+"""Block-FP8 checkpoints served on CPU dequantized at load, and the quantized checkpoints refused
+(the FP8-kernel path, and the real-dims checkpoint that takes it: ``test_fp8_kernels.py``).
 
 The oracle is transformers on each checkpoint's dequantized twin (``tests.support.fp8``:
 every FP8 weight times its block scale, by a float64 loop, stored in float32). Served in
@@ -16,7 +17,7 @@ import torch
 
 from tests.support.engines import engine
 from tests.support.fp8 import dequantized_twin
-from tests.support.oracle import assert_greedy_matches, hf_bf16_oracle_in_subprocess, hf_greedy
+from tests.support.oracle import assert_greedy_matches, hf_greedy
 from tests.support.serving import REPO, completion, free_port, serving_process
 
 PROMPTS = [[7], [(5 * i + 3) % 500 + 3 for i in range(90)]]
@@ -93,24 +94,6 @@ def test_fp8_mtp_head_drafts_for_the_fp8_target(tiny_model, twin):
     for ids, prompt in zip(got, PROMPTS):
         want, want_logits = hf_greedy(twin("qwen3_5-moe-fp8"), torch.float32, prompt, MAX_TOKENS)
         assert_greedy_matches(ids, want, want_logits, torch.float32)
-
-
-@pytest.mark.slow
-def test_real_dims_fp8_checkpoint_gives_transformers_ids(tiny_model, tmp_path):
-    """The 35B-A3B per-layer dims in block-FP8, served in bf16, against transformers' bf16 model on
-    the dequantized twin with its fp32 logits (the bf16 error rule of ``tests.support.oracle``)."""
-    model = tiny_model("qwen3_5-35b-a3b-real-fp8")
-    prompts = [[5, 900, 248_000, 17], list(range(1000, 1200))]
-    with engine(model, dtype="bfloat16", max_num_seqs=2) as llm:
-        from vllm import SamplingParams
-
-        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        got = [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                                                  use_tqdm=False)]
-    plain = dequantized_twin(model, tmp_path / "twin")
-    greedy, _ = hf_bf16_oracle_in_subprocess(plain, prompts, 4)
-    for ids, (want, want_logits, fp32_logits) in zip(got, greedy):
-        assert_greedy_matches(ids, want, want_logits, torch.bfloat16, fp32_logits=fp32_logits)
 
 
 def _copy_with_config(src: str, dst: pathlib.Path, **changes) -> str:

@@ -22,8 +22,8 @@ KERNELS_LOG = ("vllm-gdn-neuron: block-FP8 checkpoint: weights held in FP8 (floa
 DEQUANTIZED_LOG = "vllm-gdn-neuron: block-FP8 checkpoint: weights dequantized to torch.bfloat16 at load"
 
 
-def _serve(model_dir: str, **kwargs):
-    """Greedy runs of ``PROMPTS`` in bf16 with their top logprobs, the model's log lines, and the
+def _serve(model_dir: str, prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX_TOKENS, **kwargs):
+    """Greedy runs of ``prompts`` in bf16 with their top logprobs, the model's log lines, and the
     dtypes of the weights the model holds (name -> dtype)."""
     from vllm import SamplingParams
 
@@ -31,11 +31,11 @@ def _serve(model_dir: str, **kwargs):
 
     lines: list[str] = []
     info = qwen3_5.logger.info
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=LOGPROBS)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=LOGPROBS)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(qwen3_5.logger, "info", lambda message, *args: (lines.append(message % args), info(message, *args)))
         with engine(model_dir, dtype="bfloat16", enable_prefix_caching=False, **kwargs) as llm:
-            outs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+            outs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                                        use_tqdm=False)]
             dtypes = llm.apply_model(lambda model: {n: p.dtype for n, p in model.named_parameters()})[0]
     runs = []
@@ -67,6 +67,25 @@ def test_fp8_kernels_are_within_bf16_error_of_the_dequantized_fp32_oracle(tiny_m
     print(f"{name}: FP8-kernel bf16 logprob error {ratio:.3f}x transformers' own bf16 error")
     for (ids, _, _), (want, want_logits, fp32_logits) in zip(runs, greedy):
         assert_greedy_matches(ids, want, want_logits, torch.bfloat16, fp32_logits=fp32_logits)
+
+
+@pytest.mark.slow
+def test_real_dims_fp8_checkpoint_through_the_kernels_is_within_bf16_error(tiny_model, tmp_path):
+    """The 35B-A3B per-layer dims in block-FP8 (whole blocks everywhere), served in bf16 through vLLM's
+    FP8 kernels, against transformers' bf16 model on the dequantized twin with its fp32 logits: the
+    bf16 greedy rule and the error-ratio rule of ``tests.support.oracle``."""
+    model = tiny_model("qwen3_5-35b-a3b-real-fp8")
+    prompts = [[5, 900, 248_000, 17], list(range(1000, 1200))]
+    runs, lines, dtypes = _serve(model, prompts, 4, max_num_seqs=2)
+    assert any(line.startswith(KERNELS_LOG) for line in lines), lines
+    assert dtypes["model.layers.0.linear_attn.in_proj_qkvz.weight"] == torch.float8_e4m3fn
+    plain = dequantized_twin(model, tmp_path / "twin")
+    scored = [(prompt, ids, tokens) for prompt, (ids, tokens, _) in zip(prompts, runs)]
+    greedy, forced = hf_bf16_oracle_in_subprocess(plain, prompts, 4, scored)
+    for (ids, _, _), (want, want_logits, fp32_logits) in zip(runs, greedy):
+        assert_greedy_matches(ids, want, want_logits, torch.bfloat16, fp32_logits=fp32_logits)
+    ratio = assert_logprob_error_ratio([torch.tensor(logprobs) for _, _, logprobs in runs], forced)
+    print(f"qwen3_5-35b-a3b-real-fp8: FP8-kernel bf16 logprob error {ratio:.3f}x transformers' own bf16 error")
 
 
 @pytest.mark.slow
