@@ -24,7 +24,7 @@ import dataclasses
 
 import torch
 
-from vllm_gdn_neuron.model.dims import GDNDims, is_sparse_layer
+from vllm_gdn_neuron.model.dims import GDNDims, config_layer_types, is_sparse_layer
 from vllm_gdn_neuron.model.fp8 import block_size_of
 from vllm_gdn_neuron.model.parameters import ATTENTION_QKV, GDN_QKVZ, MLP_GATE_UP, SHARED_EXPERT_GATE_UP
 
@@ -50,9 +50,12 @@ def quantized_projection_shapes(text_config, tp_size: int) -> dict[str, tuple[tu
     the routed experts are one expert's gate | up ``[I / tp]`` over ``H``.
     """
     hidden = text_config.hidden_size
-    rank_parts = lambda merged: tuple(s.stop - s.start for s in merged.split(text_config).rank_slices(tp_size, 0))
+
+    def rank_parts(merged) -> tuple[int, ...]:
+        return tuple(piece.stop - piece.start for piece in merged.split(text_config).rank_slices(tp_size, 0))
+
     shapes = {}
-    layer_types = set(getattr(text_config, "layer_types", None) or ("linear_attention", "full_attention"))
+    layer_types = set(config_layer_types(text_config))
     if "linear_attention" in layer_types:
         value_dim = GDNDims.from_config(text_config).value_dim
         shapes["linear_attn.in_proj_qkvz"] = (rank_parts(GDN_QKVZ), hidden)

@@ -27,8 +27,8 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import ColumnParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.mamba.mamba_utils import MambaCopySpec
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsMRoPE, SupportsMultiModal
@@ -40,9 +40,9 @@ from vllm_gdn_neuron.model.causal_lm import CausalLM, ties_word_embeddings
 from vllm_gdn_neuron.model.checkpoint import MTP_PREFIX, text_tensor_name, vision_tensor_name
 from vllm_gdn_neuron.model.decoder import DecoderParts, TextModel
 from vllm_gdn_neuron.model.fp8 import FP8_PATH_KEY, block_size_of, held_fp8_config, is_scale_name, module_is_quantized
-from vllm_gdn_neuron.model.parameters import checkpoint_modules
 from vllm_gdn_neuron.model.gdn_cache import gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import ZeroCentredRMSNorm
+from vllm_gdn_neuron.model.parameters import checkpoint_modules
 from vllm_gdn_neuron.model.vision import VisionTower, prompt_mrope_positions, vision_grid_inputs
 from vllm_gdn_neuron.shells.vllm.attention import GatedAttention
 from vllm_gdn_neuron.shells.vllm.gated_deltanet import GatedDeltaNet
