@@ -221,10 +221,11 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE, vision: bool = False, texts=No
     return fast
 
 
-def _text_kwargs(tokenizer, dims: dict, **extra) -> dict:
+def _text_kwargs(tokenizer, dims: dict | None = None, **extra) -> dict:
+    """The text config's fields: the tiny ones, ``extra``, then ``dims`` over both (the ``-blocks`` sizes)."""
     kwargs = dict(_COMMON, vocab_size=VOCAB_SIZE)
     kwargs.update(extra)
-    kwargs.update(dims)
+    kwargs.update(dims or {})
     kwargs.update(
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
