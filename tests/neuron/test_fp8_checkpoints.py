@@ -199,7 +199,8 @@ def _real_dims_run(model_dir, **engine):
     fp8_params = [p for p in shell.parameters() if p.dtype == FP8_DTYPE]
     assert all(p.float().abs().max() <= DEVICE_FP8_MAX for p in fp8_params)
     return dict(ids=result["ids"], prompts=result["prompts"], first_logits=_first_logits(result).clone(),
-                fp8_modules=fp8_modules, fp8_params=len(fp8_params))
+                fp8_modules=fp8_modules, fp8_params=len(fp8_params), dtypes={p.dtype for p in shell.parameters()},
+                moe_layers=[hasattr(layer.mlp, "experts") for layer in shell.model.layers])
 
 
 def _assert_ids(run, oracle_run):
@@ -219,7 +220,7 @@ def test_real_dims_fp8_checkpoint_dequantized_on_the_host_serves_transformers_id
     fp32 ids on ``fp8 * scale_inv`` exactly (fp32 stays exact at these dims: ``test_harness.py``)."""
     _, prompts, oracle_runs = real_dims_fp8
     run = real_dims_dequantized_run
-    assert run["prompts"] == prompts and run["fp8_modules"] == run["fp8_params"] == 0
+    assert run["prompts"] == prompts and run["fp8_modules"] == 0 and run["dtypes"] == {torch.float32}
     _assert_ids(run, oracle_runs["dequantized"])
 
 
@@ -230,10 +231,11 @@ def test_real_dims_fp8_on_device_serves_its_own_weights_ids_within_the_requantiz
     mixer, the experts, the shared expert's two); transformers' fp32 ids on the requantized weights;
     the first logits within twice what requantization alone moves transformers' from the dequantized
     path's (the tiny models' rule above)."""
-    model_dir, prompts, oracle_runs = real_dims_fp8
+    model_dir, _, oracle_runs = real_dims_fp8
     run = _real_dims_run(model_dir, quantization="fp8")
-    layers = 4
-    assert run["fp8_modules"] == layers * (2 + 3) and run["fp8_params"] >= run["fp8_modules"]
+    assert all(run["moe_layers"]) and run["fp8_modules"] == len(run["moe_layers"]) * (2 + 3)
+    assert run["fp8_params"] >= run["fp8_modules"]
+    assert run["dtypes"] == {FP8_DTYPE, torch.float32}
     _assert_ids(run, oracle_runs["device"])
     allowed = float((oracle_runs["device"][0][1][0] - oracle_runs["dequantized"][0][1][0]).abs().max())
     got = float((run["first_logits"] - real_dims_dequantized_run["first_logits"]).abs().max())
