@@ -11,6 +11,12 @@ checkpoint stored in FP8 are held as float8_e4m3fn within trn2's +-240 with per-
 scales (the bytes counted); the ids equal transformers' fp32 on the weights the device
 computes with (each dequantized weight requantized per row, ``fp8_oracle.device_weights_copy``),
 and the logits stay within what that requantization alone moves them from the dequantized path.
+
+Both paths at the published 35B-A3B per-layer dims too (``qwen3_5-35b-a3b-real-fp8``: 2048-wide
+hidden states, 128-block-aligned shards, the 248,320-token vocabulary; slow): the same fp32 ids,
+exactly, and the same logits rule. TP=2 is left to the tiny models: the whole weight is
+dequantized before it is split and each rank requantizes whole rows or columns of its share, so
+a shard's size against a 128-block enters neither path, and every real-dims shard is block-aligned.
 """
 
 import pytest
@@ -21,7 +27,7 @@ from vllm_gdn_neuron.model.fp8 import FP8_DTYPE
 from vllm_gdn_neuron.shells.neuron.fp8 import DEVICE_FP8_MAX, Fp8Experts, Fp8Linear
 
 from .fp8_oracle import dequantized_copy, device_weights_copy
-from .test_harness import FAST_WORKLOAD, check, run_harness
+from .test_harness import FAST_WORKLOAD, REAL_DIMS_WORKLOAD, _prompts, check, run_harness
 
 TINY_FP8 = ["qwen3_5-dense-fp8", "qwen3_5-moe-fp8", "qwen3-next-fp8", "qwen3_5-vl-fp8", "qwen3_5-moe-vl-fp8"]
 
@@ -162,3 +168,75 @@ def test_fp8_on_device_each_rank_requantizes_its_own_share(tiny_model, model):
             else:
                 torch.testing.assert_close(param.data, share, rtol=0, atol=0, msg=name)
         assert checked >= 4 * config.num_hidden_layers  # two mixer projections, two feed-forward weights a layer
+
+
+# The 35B-A3B per-layer dims in block-FP8 (``scripts/build_tiny_models.py``: 4 layers, 8 experts of
+# 512, random weights, ~2.1 GB): the harness's real-dims workload (``test_harness.py``), fp32.
+REAL_DIMS_FP8 = "qwen3_5-35b-a3b-real-fp8"
+REAL_DIMS_VOCAB = 248_320
+
+
+@pytest.fixture(scope="module")
+def real_dims_fp8(tiny_model, oracle_dirs):
+    """``(folder, prompts, oracle)`` of the real-dims FP8 checkpoint: ``oracle[kind]`` is transformers'
+    fp32 ``(ids, logits)`` per prompt on its ``"dequantized"`` and ``"device"`` weights, each run in a
+    child process before any harness loads the model here (one fp32 copy, ~4 GB, alive at a time)."""
+    model_dir = tiny_model(REAL_DIMS_FP8)
+    prompts = _prompts(REAL_DIMS_WORKLOAD, REAL_DIMS_VOCAB)
+    new_tokens = max(n for _, n, _ in REAL_DIMS_WORKLOAD)
+    oracle_runs = {kind: oracle.hf_greedy_in_subprocess(oracle_dirs(model_dir, kind), torch.float32, prompts, new_tokens)
+                   for kind in ("dequantized", "device")}
+    return model_dir, prompts, oracle_runs
+
+
+def _real_dims_run(model_dir, **engine):
+    """The harness at the real dims: its ids and its first step's logits (the rest is freed)."""
+    result = run_harness(model_dir, REAL_DIMS_WORKLOAD, vocab_size=REAL_DIMS_VOCAB, num_gpu_blocks_override=16, **engine)
+    assert (result["warm_graphs"], result["graphs"], result["symbolic"], result["graph_breaks"]) == (2, 2, 0, 0)
+    assert result["host_reads"] == []
+    shell = result["runner"].model
+    fp8_modules = len(_fp8_modules(shell))
+    fp8_params = [p for p in shell.parameters() if p.dtype == FP8_DTYPE]
+    assert all(p.float().abs().max() <= DEVICE_FP8_MAX for p in fp8_params)
+    return dict(ids=result["ids"], prompts=result["prompts"], first_logits=_first_logits(result).clone(),
+                fp8_modules=fp8_modules, fp8_params=len(fp8_params), dtypes={p.dtype for p in shell.parameters()},
+                moe_layers=[hasattr(layer.mlp, "experts") for layer in shell.model.layers])
+
+
+def _assert_ids(run, oracle_run):
+    for got, (want, _), (_, n, _) in zip(run["ids"], oracle_run, REAL_DIMS_WORKLOAD):
+        assert got == want[:n], (got, want[:n])
+
+
+@pytest.fixture(scope="module")
+def real_dims_dequantized_run(real_dims_fp8):
+    return _real_dims_run(real_dims_fp8[0])
+
+
+@pytest.mark.slow
+def test_real_dims_fp8_checkpoint_dequantized_on_the_host_serves_transformers_ids(real_dims_fp8,
+                                                                                  real_dims_dequantized_run):
+    """Dequantized whole on the host (the default): every parameter in the model dtype, transformers'
+    fp32 ids on ``fp8 * scale_inv`` exactly (fp32 stays exact at these dims: ``test_harness.py``)."""
+    _, prompts, oracle_runs = real_dims_fp8
+    run = real_dims_dequantized_run
+    assert run["prompts"] == prompts and run["fp8_modules"] == 0 and run["dtypes"] == {torch.float32}
+    _assert_ids(run, oracle_runs["dequantized"])
+
+
+@pytest.mark.slow
+def test_real_dims_fp8_on_device_serves_its_own_weights_ids_within_the_requantization_error(
+        real_dims_fp8, real_dims_dequantized_run):
+    """FP8 on the device at the real dims: every FP8 projection and expert stack kept in FP8 (two a
+    mixer, the experts, the shared expert's two); transformers' fp32 ids on the requantized weights;
+    the first logits within twice what requantization alone moves transformers' from the dequantized
+    path's (the tiny models' rule above)."""
+    model_dir, _, oracle_runs = real_dims_fp8
+    run = _real_dims_run(model_dir, quantization="fp8")
+    assert all(run["moe_layers"]) and run["fp8_modules"] == len(run["moe_layers"]) * (2 + 3)
+    assert run["fp8_params"] >= run["fp8_modules"]
+    assert run["dtypes"] == {FP8_DTYPE, torch.float32}
+    _assert_ids(run, oracle_runs["device"])
+    allowed = float((oracle_runs["device"][0][1][0] - oracle_runs["dequantized"][0][1][0]).abs().max())
+    got = float((run["first_logits"] - real_dims_dequantized_run["first_logits"]).abs().max())
+    assert 0 < got <= 2 * allowed, (got, allowed)
