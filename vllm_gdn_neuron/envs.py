@@ -21,6 +21,9 @@ SERVE_MEMORY_GIB = "VLLM_GDN_SERVE_MEMORY_GIB"
 CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
 #: vLLM's CPU worker thread binding (vLLM's own variable, read by the CLI's report).
 CPU_OMP_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+#: The C++ compiler torch's Inductor calls in vLLM's compiled mode (Inductor's own variable,
+#: read by the CLI's check that one is installed).
+CXX = "CXX"
 
 
 def gdn_backend() -> str:

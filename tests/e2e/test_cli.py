@@ -11,6 +11,8 @@ import pytest
 from vllm_gdn_neuron import cli
 from vllm_gdn_neuron.units import GiB
 
+REPO_CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "serve-cpu.yaml"
+
 
 def test_vllm_version_comes_from_the_installed_build():
     installed = [name for name in cli.VLLM_DISTRIBUTIONS if _installed(name)]
@@ -376,3 +378,49 @@ def test_a_block_fp8_checkpoint_kept_in_fp8_counts_its_fp8_bytes_and_scales(tiny
     assert held == weight_bytes(bf16.text, "bfloat16", (128, 128))
     assert (f"weights {cli.format_bytes(held)} (bfloat16, block-FP8 checkpoint held in FP8 for vLLM's FP8 kernels: "
             f"projections and experts 1 B, float32 block scales)") in report, report
+
+
+@pytest.mark.parametrize("args, compiled", [
+    ([], True),  # vLLM's default
+    (["--enforce-eager"], False),
+    (["--enforce-eager", "--port", "9"], False),
+    (["--no-enforce-eager"], True),
+    (["--config", str(REPO_CONFIG)], True),  # the shipped CPU settings
+    (["--config", str(REPO_CONFIG), "--enforce-eager"], False),
+])
+def test_serves_compiled_reads_the_mode_from_the_command_line_and_the_config_file(args, compiled):
+    assert cli.serves_compiled(cli.given_settings(args)) is compiled
+
+
+def test_an_eager_config_file_serves_eagerly(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("enforce-eager: true\n")
+    assert not cli.serves_compiled(cli.given_settings(["--config", str(config)]))
+    assert cli.serves_compiled(cli.given_settings(["--config", str(config), "--no-enforce-eager"]))
+
+
+def test_without_a_cxx_compiler_the_shipped_config_serves_eagerly_and_says_why(dense, monkeypatch, capsys):
+    monkeypatch.setenv(cli.MEMORY_ENV, "8")
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    args = cli.serve_args([dense, "--config", str(REPO_CONFIG), "--port", "9"])
+    assert args[-4:] == ["--config", str(REPO_CONFIG), "--port", "9"]
+    assert "--enforce-eager" in args[1:-4]
+    assert ("vllm-gdn-serve: no C++ compiler ('no-such-compiler-here', $CXX or g++) for vLLM's compiled mode: "
+            "serving eagerly (--enforce-eager)") in capsys.readouterr().err
+    # Eager as asked: nothing to add.
+    assert cli.serve_args([dense, "--config", str(REPO_CONFIG), "--enforce-eager"]).count("--enforce-eager") == 1
+
+
+def test_the_compiled_mode_asked_for_without_a_cxx_compiler_is_refused(dense, monkeypatch):
+    monkeypatch.setenv(cli.MEMORY_ENV, "8")
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(cli.CheckpointError, match=r"--no-enforce-eager: vLLM's compiled mode needs a C\+\+ compiler; "
+                                                  r"'no-such-compiler-here' \(\$CXX or g\+\+\) is not installed"):
+        cli.serve_args([dense, "--no-enforce-eager"])
+
+
+def test_with_a_cxx_compiler_the_mode_is_left_to_vllm(dense, monkeypatch):
+    monkeypatch.setenv(cli.MEMORY_ENV, "8")
+    monkeypatch.setenv("CXX", sys.executable)  # any program that is installed
+    assert "--enforce-eager" not in cli.serve_args([dense, "--config", str(REPO_CONFIG)])
+    assert cli.cxx_compiler() == sys.executable

@@ -18,7 +18,7 @@ import torch
 from tests.support.engines import engine
 from tests.support.fp8 import dequantized_twin
 from tests.support.oracle import assert_greedy_matches, hf_greedy
-from tests.support.serving import REPO, completion, free_port, serving_process
+from tests.support.serving import EAGER, REPO, completion, free_port, serving_process
 
 PROMPTS = [[7], [(5 * i + 3) % 500 + 3 for i in range(90)]]
 MAX_TOKENS = 8
@@ -54,7 +54,7 @@ def test_served_fp8_checkpoint_gives_transformers_fp32_ids(tiny_model, twin, tmp
     port = free_port()
     command = [sys.executable, "-m", "vllm_gdn_neuron.cli", model, "--config", str(REPO / "configs" / "serve-cpu.yaml"),
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
-               "--kv-cache-memory-bytes", str(256 * 2**20)]
+               "--kv-cache-memory-bytes", str(256 * 2**20), *EAGER]
     name = pathlib.Path(model).name
     with serving_process(command, port, tmp_path / "server.log", model=name) as server:
         out = completion(server, prompt=PROMPTS, max_tokens=MAX_TOKENS, return_token_ids=True)

@@ -3,7 +3,8 @@
 One server for the module: ``bash scripts/serve.sh --port <free port>`` (the README
 command: venv set-up, the default tiny model built if missing, ``vllm-gdn-serve`` with
 ``configs/serve-cpu.yaml``), engine core in its own process as in production; killed
-by its process-group id at the end.
+by its process-group id at the end. It runs eagerly, as every test server does unless asked
+(``tests.support.serving.EAGER``); the shipped compiled mode: ``test_compiled_server.py``.
 """
 
 import random

@@ -2,7 +2,8 @@
 
 The server is the README's command, ``bash scripts/serve.sh`` (extra arguments are
 ``vllm serve`` flags), in its own process group, its log in a file; it is stopped by
-SIGTERM to that group (SIGKILL after ``STOP_TIMEOUT_S``).
+SIGTERM to that group (SIGKILL after ``STOP_TIMEOUT_S``). It runs eagerly unless a test asks
+for the shipped settings unchanged (``compiled=True``): see ``EAGER``.
 """
 
 import concurrent.futures
@@ -26,6 +27,11 @@ TINY_SERVED_NAME = "qwen3_5-tiny"  # scripts/serve.sh without MODEL
 START_TIMEOUT_S = 300
 STOP_TIMEOUT_S = 30
 REQUEST_TIMEOUT_S = 300
+# configs/serve-cpu.yaml serves in vLLM's compiled mode, whose start-up compiles the decoder
+# (about twice an eager start). The suite starts many servers and has a fixed time budget, so
+# they run eagerly: the flag wins over the config file. The compiled server has tests of its own
+# (tests/e2e/test_compiled_server.py); the compiled model's ids, tests/e2e/test_compiled_mode.py.
+EAGER = ("--enforce-eager",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +50,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(log_path: pathlib.Path, *args: str, model: str = TINY_SERVED_NAME, env: dict | None = None,
-                   unset: tuple[str, ...] = (), cwd: pathlib.Path = REPO):
-    """``bash scripts/serve.sh --port <free> *args`` run from ``cwd`` with ``env`` and without the
-    variables ``unset``, healthy, stopped on exit."""
+                   unset: tuple[str, ...] = (), cwd: pathlib.Path = REPO, compiled: bool = False):
+    """``bash scripts/serve.sh --port <free> [--enforce-eager] *args`` run from ``cwd`` with ``env`` and
+    without the variables ``unset``, healthy, stopped on exit; ``compiled``: the shipped mode, not ``EAGER``."""
     port = free_port()
-    with serving_process(["bash", str(REPO / "scripts" / "serve.sh"), "--port", str(port), *args], port, log_path,
-                         model=model, env=env, unset=unset, cwd=cwd) as server:
+    command = ["bash", str(REPO / "scripts" / "serve.sh"), "--port", str(port), *(() if compiled else EAGER), *args]
+    with serving_process(command, port, log_path, model=model, env=env, unset=unset, cwd=cwd) as server:
         yield server
 
 

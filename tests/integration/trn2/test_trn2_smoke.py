@@ -63,8 +63,9 @@ def test_serve_helpers_round_trip_on_cpu(tmp_path):
     model = trn2_checks.build_model("qwen3_5-dense", tmp_path)
     # The tiny model's own cache size, as scripts/serve.sh gives it: serve-cpu.yaml leaves the
     # cache to vLLM's default share of the machine's memory, which a busy machine can lack.
+    # Eagerly, as the other test servers start (tests.support.serving.EAGER).
     with trn2_checks.served(model, REPO / "configs" / "serve-cpu.yaml", "--kv-cache-memory-bytes", "536870912",
-                            timeout_s=600) as url:
+                            "--enforce-eager", timeout_s=600) as url:
         got = trn2_checks.greedy_ids(url, trn2_checks.TINY_PROMPT, 8)
     want, logits = trn2_checks.cpu_greedy_ids(model, trn2_checks.TINY_PROMPT, 8)
     assert len(got) == 8
