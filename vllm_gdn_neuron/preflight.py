@@ -51,9 +51,6 @@ class Checkpoint:
         name: the name to serve it under: the folder's name, or the repo id.
         vision: the vision tower's config fields (``vision_config``) of a vision-language
             checkpoint, else None.
-        quantization: the checkpoint's ``quant_method`` (``"fp8"``: block-FP8 weights, which
-            the plugin serves through vLLM's FP8 kernels or dequantizes to ``dtype`` at load,
-            :func:`fp8_path`), None for an unquantized checkpoint.
         quantization_config: the checkpoint's ``quantization_config`` (None: unquantized).
     """
 
@@ -63,8 +60,14 @@ class Checkpoint:
     dtype: str
     name: str
     vision: dict | None = None
-    quantization: str | None = None
     quantization_config: dict | None = None
+
+    @property
+    def quantization(self) -> str | None:
+        """The checkpoint's ``quant_method`` (``"fp8"``: block-FP8 weights, which the plugin serves
+        through vLLM's FP8 kernels or dequantizes to ``dtype`` at load, :func:`fp8_path`), None
+        for an unquantized checkpoint."""
+        return (self.quantization_config or {}).get("quant_method")
 
 
 def load_checkpoint(model: str) -> Checkpoint:
@@ -101,10 +104,9 @@ def load_checkpoint(model: str) -> Checkpoint:
     dtype = str(fields.get("dtype") or fields.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype") or "bfloat16")
     checkpoint = Checkpoint(source=model, architecture=served[0], text=text, dtype=dtype, name=name,
                             vision=config.get("vision_config") if "text_config" in config else None,
-                            quantization=(config.get("quantization_config") or {}).get("quant_method"),
                             quantization_config=config.get("quantization_config"))
     try:
-        check_servable(checkpoint, config.get("quantization_config"), folder=path if path.is_dir() else None)
+        check_servable(checkpoint, folder=path if path.is_dir() else None)
     except ValueError as error:
         raise CheckpointError(f"MODEL {model!r}: {error}") from None
     return checkpoint
@@ -124,7 +126,7 @@ _VISION_DEFAULTS = dict(
 )
 
 
-def check_servable(checkpoint: Checkpoint, quantization_config: dict | None, folder: pathlib.Path | None = None) -> None:
+def check_servable(checkpoint: Checkpoint, folder: pathlib.Path | None = None) -> None:
     """The plugin's own start-up refusals, run on the config before vLLM starts: the model
     definition's (:func:`vllm_gdn_neuron.model.checks.check_text_config`, at one rank), the
     GatedDeltaNet cache's on vLLM's defaults (:func:`vllm_gdn_neuron.model.gdn_cache.check_gdn_config`),
@@ -141,7 +143,7 @@ def check_servable(checkpoint: Checkpoint, quantization_config: dict | None, fol
 
     check_text_config(checkpoint.text, tp_size=1)
     check_gdn_config(checkpoint.text, tp_size=1, num_speculative_tokens=0, mamba_ssm_cache_dtype="auto")
-    check_quantized_checkpoint(quantization_config, folder=folder)
+    check_quantized_checkpoint(checkpoint.quantization_config, folder=folder)
     if checkpoint.dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(WEIGHT_DTYPES)}; got {checkpoint.dtype!r}")
 
