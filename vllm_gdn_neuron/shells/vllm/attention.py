@@ -4,7 +4,6 @@ The per-token math (q/gate split, zero-centred q/k norms, partial RoPE, output g
 :class:`vllm_gdn_neuron.model.attention.GatedAttentionMath`, shared with the Neuron shell.
 """
 
-from collections.abc import Callable
 
 import torch
 
@@ -12,9 +11,9 @@ from vllm.config import CacheConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from vllm_gdn_neuron.model.attention import GatedAttentionMath, check_attention_heads
+from vllm_gdn_neuron.shells.vllm.quantization import QuantConfigFor, unquantized
 
 
 class GatedAttention(GatedAttentionMath):
@@ -33,7 +32,7 @@ class GatedAttention(GatedAttentionMath):
     """
 
     def __init__(self, config, cache_config: CacheConfig | None, prefix: str,
-                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
+                 quant_config: QuantConfigFor = unquantized) -> None:
         tp_size = get_tensor_model_parallel_world_size()
         check_attention_heads(config, tp_size)
         total_heads = config.num_attention_heads

@@ -26,7 +26,6 @@ the model once with ``attn_metadata=None`` before it allocates the cache, and th
 state exists to advance; that run (no metadata *and* no cache bound) mixes nothing.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,6 @@ from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_pa
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -51,6 +49,7 @@ from vllm_gdn_neuron.model.gdn_cache import conv_state_view, gdn_state_dtypes, g
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
 from vllm_gdn_neuron.model.parameters import GDN_BA, GDN_QKVZ, rank_share
 from vllm_gdn_neuron.shells.vllm.step import EngineStep, step_gdn_parts
+from vllm_gdn_neuron.shells.vllm.quantization import QuantConfigFor, unquantized
 
 # vLLM's null block: never allocated to a request, so padding (if any) is routed there.
 PAD_PAGE = 0
@@ -79,7 +78,7 @@ class GatedDeltaNet(nn.Module, MambaBase):
     """
 
     def __init__(self, config, vllm_config: VllmConfig, prefix: str,
-                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
+                 quant_config: QuantConfigFor = unquantized) -> None:
         super().__init__()
         self.prefix = prefix
         self.tp_size = get_tensor_model_parallel_world_size()

@@ -4,16 +4,15 @@ The math (SwiGLU, the gated shared expert) is :mod:`vllm_gdn_neuron.model.mlp`; 
 routed experts run in vLLM's fused MoE (its top-k softmax routing, renormalised).
 """
 
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from vllm_gdn_neuron.model.mlp import gated_shared_expert, swiglu
+from vllm_gdn_neuron.shells.vllm.quantization import QuantConfigFor, unquantized
 
 
 class SwiGLUMLP(nn.Module):
@@ -27,7 +26,7 @@ class SwiGLUMLP(nn.Module):
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, prefix: str,
-                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
+                 quant_config: QuantConfigFor = unquantized) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size] * 2, bias=False, quant_config=quant_config(f"{prefix}.gate_up_proj"),
@@ -58,7 +57,7 @@ class SparseMoE(nn.Module):
     """
 
     def __init__(self, config, prefix: str,
-                 quant_config: Callable[[str], QuantizationConfig | None] = lambda module: None) -> None:
+                 quant_config: QuantConfigFor = unquantized) -> None:
         super().__init__()
         self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False, prefix=f"{prefix}.gate")
         self.experts = FusedMoEFactory(
