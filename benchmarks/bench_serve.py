@@ -45,8 +45,10 @@ both model classes. ``--layout`` sets where vLLM runs the model:
               ``OMPProcessManager`` (``vllm/utils/ompmultiprocessing.py``) starts the worker
               with its OpenMP threads bound (``OMP_NUM_THREADS`` and the runtime's affinity
               variables: one thread per physical core, less the cores it reserves for the
-              engine-core process; on 2 vCPUs one thread on CPU 0). Measured this way, the
-              numbers carry the thread set-up a user's server has.
+              engine-core process; on 2 vCPUs one thread on CPU 0), and both start with the
+              ``LD_PRELOAD`` vLLM's CPU platform completed (torch's ``libgomp`` where no
+              OpenMP runtime is preloaded). Measured this way, the numbers carry the thread
+              set-up a user's server has.
   in-process  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: engine core and model in the subprocess
               under vLLM's single-process executor, which binds nothing (torch's default
               threads, one per CPU); the layout of the tables taken before ``--layout`` existed.
@@ -69,6 +71,7 @@ is off so every round prefills in full.
     python benchmarks/bench_serve.py --mtp 3          # multi-token prediction rows (below)
     python benchmarks/bench_serve.py --engines auto --compare preload   # auto and auto@preload
     python benchmarks/bench_serve.py --engines auto --compare fp8       # auto on --model and on its FP8 twin
+    python benchmarks/bench_serve.py --layout in-process  # engine core and model in the engine's subprocess
 
 The CPU set-up, the same for every engine of a run: ``--preload tcmalloc,iomp`` sets
 ``LD_PRELOAD`` in each engine process as vLLM's CPU installation guide recommends (where each
