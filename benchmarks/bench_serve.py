@@ -125,6 +125,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 #: runs (the engine core in a process of its own, its worker started by vLLM's CPU executor with
 #: OpenMP threads bound), ``in-process`` the engine core and the model in the subprocess itself.
 LAYOUTS = {"served": "1", "in-process": "0"}
+#: ``--layout`` -> how the report names it.
+LAYOUT_TEXT = {"served": "served (engine core and its worker in processes of their own, as vllm serve runs them)",
+               "in-process": "in-process (the engine core and the model in each engine's subprocess)"}
 #: engine -> the environment it runs with (on top of this process's, without either variable).
 ENGINES = {"auto": {}, "torch": {"VLLM_GDN_BACKEND": "torch"}, "vllm_cpu": {"VLLM_GDN_BACKEND": "vllm_cpu"},
            "built-in": {"VLLM_GDN_NEURON_DISABLE": "1"}}
@@ -580,11 +583,6 @@ def engine_names(args):
 def variant_ratios(names):
     """``(engine@variant, engine)`` for every variant among ``names``."""
     return [(name, name.partition("@")[0]) for name in names if "@" in name]
-
-
-#: ``--layout`` -> how the report names it.
-LAYOUT_TEXT = {"served": "served (engine core and its worker in processes of their own, as vllm serve runs them)",
-               "in-process": "in-process (the engine core and the model in each engine's subprocess)"}
 
 
 def setup_text(args, startups, residents):
