@@ -31,13 +31,30 @@ The bound is an estimate, not a ceiling: this machine's 480 MB L3 can keep part 
 batch-1 step reads between steps, and on a loaded machine the probes may never see a quiet
 moment, so shares above 100 % happen (seen here in quiet windows of a loaded run).
 
-How the engines run, and why: one subprocess per engine, each holding an in-process
-``vllm.LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``enforce_eager=True``) and driving
-``llm.llm_engine`` step by step (``add_request`` / ``step``), timestamping every step's
-outputs. In-process engines start in seconds (an OpenAI server takes 25-100 s) and their
-timings hold no HTTP, JSON or detokenisation cost, so the numbers are the model and the
-scheduler; a subprocess per engine because the plugin is switched on or off when vLLM loads
-its plugins, once per process, so one process cannot hold both model classes. The
+How the engines run, and why: one subprocess per engine, each holding a ``vllm.LLM``
+(``enforce_eager=True`` unless ``--compiled``) and driving ``llm.llm_engine`` step by step
+(``add_request`` / ``step``), timestamping every step's outputs. These engines start faster
+than an OpenAI server and their timings hold no HTTP, JSON or detokenisation cost, so the
+numbers are the model and the scheduler; a subprocess per engine because the plugin is
+switched on or off when vLLM loads its plugins, once per process, so one process cannot hold
+both model classes. ``--layout`` sets where vLLM runs the model:
+
+  served      (the default) ``VLLM_ENABLE_V1_MULTIPROCESSING=1``, the process layout of
+              ``vllm serve``: the engine core (the scheduler) runs in a process of its own and,
+              on CPU, runs the model through vLLM's multiprocess executor, whose
+              ``OMPProcessManager`` (``vllm/utils/ompmultiprocessing.py``) starts the worker
+              with its OpenMP threads bound (``OMP_NUM_THREADS`` and the runtime's affinity
+              variables: one thread per physical core, less the cores it reserves for the
+              engine-core process; on 2 vCPUs one thread on CPU 0), and both start with the
+              ``LD_PRELOAD`` vLLM's CPU platform completed (torch's ``libgomp`` where no
+              OpenMP runtime is preloaded). Measured this way, the numbers carry the thread
+              set-up a user's server has.
+  in-process  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: engine core and model in the subprocess
+              under vLLM's single-process executor, which binds nothing (torch's default
+              threads, one per CPU); the layout of the tables taken before ``--layout`` existed.
+
+The resident memory reported is that of the processes holding the engine: the subprocess
+in-process; served, its descendants (the engine core, its worker), their ``VmRSS`` summed. The
 subprocesses stay up for the whole run (for each start, with ``--starts``) and take turns:
 every round runs each row on every engine back to back (the engine that goes first rotates),
 so load from elsewhere on a shared machine hits all alike; a row's result is its best round
@@ -54,6 +71,7 @@ is off so every round prefills in full.
     python benchmarks/bench_serve.py --mtp 3          # multi-token prediction rows (below)
     python benchmarks/bench_serve.py --engines auto --compare preload   # auto and auto@preload
     python benchmarks/bench_serve.py --engines auto --compare fp8       # auto on --model and on its FP8 twin
+    python benchmarks/bench_serve.py --layout in-process  # engine core and model in the engine's subprocess
 
 The CPU set-up, the same for every engine of a run: ``--preload tcmalloc,iomp`` sets
 ``LD_PRELOAD`` in each engine process as vLLM's CPU installation guide recommends (where each
@@ -103,6 +121,13 @@ import time
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 REPO = pathlib.Path(__file__).resolve().parents[1]
+#: ``--layout`` -> ``VLLM_ENABLE_V1_MULTIPROCESSING`` of each engine subprocess: ``served`` as ``vllm serve``
+#: runs (the engine core in a process of its own, its worker started by vLLM's CPU executor with
+#: OpenMP threads bound), ``in-process`` the engine core and the model in the subprocess itself.
+LAYOUTS = {"served": "1", "in-process": "0"}
+#: ``--layout`` -> how the report names it.
+LAYOUT_TEXT = {"served": "served (engine core and its worker in processes of their own, as vllm serve runs them)",
+               "in-process": "in-process (the engine core and the model in each engine's subprocess)"}
 #: engine -> the environment it runs with (on top of this process's, without either variable).
 ENGINES = {"auto": {}, "torch": {"VLLM_GDN_BACKEND": "torch"}, "vllm_cpu": {"VLLM_GDN_BACKEND": "vllm_cpu"},
            "built-in": {"VLLM_GDN_NEURON_DISABLE": "1"}}
@@ -155,12 +180,19 @@ def fp8_twin(model: pathlib.Path) -> pathlib.Path:
     return target
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (``VmRSS``)."""
-    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+def resident_bytes(layout: str) -> int:
+    """The resident memory (``VmRSS``) of the processes holding the engine: in the ``in-process``
+    layout this process; in the ``served`` layout, summed, every process this one started and
+    theirs (vLLM's engine-core process, its executor's worker holding the model, and
+    multiprocessing's resource tracker): pages two of them share count in each."""
+    import psutil
+
+    if layout == "in-process":
+        return psutil.Process().memory_info().rss
+    children = psutil.Process().children(recursive=True)
+    if not children:
+        raise RuntimeError("layout 'served': no engine-core process under this one")
+    return sum(child.memory_info().rss for child in children)
 
 
 def _program(name):
@@ -361,7 +393,7 @@ def worker(args):
     llm = LLM(**engine_kwargs(args))
     engine = llm.llm_engine
     run_requests(engine, [[1] * 16], 4, "warm-up")
-    print(RESULT_TAG + json.dumps({"ready": True, "resident": resident_bytes()}), flush=True)
+    print(RESULT_TAG + json.dumps({"ready": True, "resident": resident_bytes(args.layout)}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
         before = spec_counters(engine) if args.speculative_tokens else None
@@ -378,21 +410,31 @@ def worker(args):
 # The driver
 # --------------------------------------------------------------------------------------------
 
+def engine_env(name, args, environ):
+    """The environment engine ``name`` runs with: ``environ`` with the engine's variables
+    (ENGINES), ``VLLM_ENABLE_V1_MULTIPROCESSING`` of ``--layout`` and the ``--preload`` libraries
+    in ``LD_PRELOAD`` where the engine takes them (the processes vLLM starts inherit it)."""
+    base, _, variant = name.partition("@")
+    env = dict(environ, VLLM_ENABLE_V1_MULTIPROCESSING=LAYOUTS[args.layout])
+    env.pop("VLLM_GDN_NEURON_DISABLE", None)
+    env.pop("VLLM_GDN_BACKEND", None)
+    env.update(ENGINES[base.removesuffix(MTP_SUFFIX)])
+    if args.compare == "preload":  # the engine without its variant runs without any preload
+        env.pop("LD_PRELOAD", None)
+    if variant == "preload" or (args.preload and args.compare != "preload"):
+        env["LD_PRELOAD"] = preload_value(args.preload)
+    return env
+
+
 class Engine:
-    """One engine subprocess: ``ask(command) -> reply``; its log goes to ``log_path``."""
+    """One engine subprocess: ``ask(command) -> reply``; its log (and in the ``served`` layout its
+    engine core's) goes to ``log_path``."""
 
     def __init__(self, name, args, log_path, model=None):
         base, _, variant = name.partition("@")
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        env.pop("VLLM_GDN_NEURON_DISABLE", None)
-        env.pop("VLLM_GDN_BACKEND", None)
-        env.update(ENGINES[base.removesuffix(MTP_SUFFIX)])
-        if args.compare == "preload":  # the engine without its variant runs without any preload
-            env.pop("LD_PRELOAD", None)
-        if variant == "preload" or (args.preload and args.compare != "preload"):
-            env["LD_PRELOAD"] = preload_value(args.preload)
+        env = engine_env(name, args, os.environ)
         speculative = args.mtp if base.endswith(MTP_SUFFIX) else 0
-        argv = [sys.executable, __file__, "--worker", "--model", str(model or args.model),
+        argv = [sys.executable, __file__, "--worker", "--layout", args.layout, "--model", str(model or args.model),
                 "--max-model-len", str(args.max_model_len), "--max-batched-tokens", str(args.max_batched_tokens),
                 "--kv-cache-mib", str(args.kv_cache_mib), "--speculative-tokens", str(speculative)]
         if args.mtp:
@@ -544,7 +586,8 @@ def variant_ratios(names):
 
 
 def setup_text(args, startups, residents):
-    """How the engines ran: vLLM's mode, ``LD_PRELOAD``, each engine's start-up seconds and resident memory."""
+    """How the engines ran: the layout, vLLM's mode, ``LD_PRELOAD``, each engine's start-up seconds and
+    resident memory."""
     mode = "compiled (torch.compile, Inductor)" if args.compiled else "eager"
     preload = preload_value(args.preload) if args.preload else os.environ.get("LD_PRELOAD") or "none"
     if args.compare == "compiled":
@@ -554,14 +597,14 @@ def setup_text(args, startups, residents):
     times = ", ".join(f"{name} {' / '.join(f'{t:.0f}' for t in values)} s" for name, values in startups.items())
     resident = ", ".join(f"{name} {' / '.join(f'{b / 2**30:.2f}' for b in values)} GiB" for name, values in residents.items())
     models = f"; the @fp8 engines on {fp8_twin(args.model).name}" if args.compare == "fp8" else ""
-    return (f"vLLM {mode}; LD_PRELOAD {preload}{models}; start-up (process start to warm-up served, one at a time): "
-            f"{times}; resident after the warm-up: {resident}")
+    return (f"layout {LAYOUT_TEXT[args.layout]}; vLLM {mode}; LD_PRELOAD {preload}{models}; start-up (process start "
+            f"to warm-up served, one at a time): {times}; resident after the warm-up: {resident}")
 
 
 def setup_stem(args):
-    """The results' file-name suffix of a run's set-up: ``-compiled``, ``-preload-tcmalloc-iomp``."""
+    """The results' file-name suffix of a run's set-up: ``-in-process``, ``-compiled``, ``-preload-tcmalloc-iomp``."""
     preloaded = args.preload and args.compare != "preload"
-    return (("-compiled" if args.compiled else "") + ("-preload-" + "-".join(args.preload) if preloaded else "")
+    return (("-in-process" if args.layout == "in-process" else "") + ("-compiled" if args.compiled else "") + ("-preload-" + "-".join(args.preload) if preloaded else "")
             + (f"-vs-{args.compare}" if args.compare else ""))
 
 
@@ -782,6 +825,10 @@ def main():
                         help="run every engine also as ENGINE@preload (the --preload libraries, default "
                              f"{','.join(DEFAULT_PRELOAD)}; the engine itself without LD_PRELOAD) or ENGINE@compiled "
                              "(vLLM's compiled mode), side by side in every round, with paired ratios")
+    parser.add_argument("--layout", choices=tuple(LAYOUTS), default="served",
+                        help="served (default): each engine's vLLM runs its engine core in a process of its own and "
+                             "the model in a worker its CPU executor starts, OpenMP threads bound, as vllm serve does; "
+                             "in-process: engine core and model in the engine's subprocess (earlier tables)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--speculative-tokens", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--mtp-rows", action="store_true", help=argparse.SUPPRESS)
@@ -830,7 +877,7 @@ def main():
     stem = "bench_serve" + "".join(f"-{row.replace(':', '')}" for row in args.only or ()) + setup_stem(args)
     (RESULTS / f"{stem}.md").write_text(report)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
-        bandwidth=bandwidth, loads=loads, startups=startups, residents=residents, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+        layout=args.layout, bandwidth=bandwidth, loads=loads, startups=startups, residents=residents, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
     plot(rows, RESULTS / f"{stem}.png")
     print(f"plot: {RESULTS / f'{stem}.png'}")
 
@@ -857,7 +904,7 @@ def main_mtp(args):
             + setup_stem(args))
     (RESULTS / f"{stem}.md").write_text(report)
     (RESULTS / f"{stem}.json").write_text(json.dumps(dict(
-        loads=loads, startups=startups, residents=residents, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
+        layout=args.layout, loads=loads, startups=startups, residents=residents, args={k: str(v) for k, v in vars(args).items()}, rows=rows), indent=1))
     mtp_plot(rows, RESULTS / f"{stem}.png")
     print(f"plot: {RESULTS / f'{stem}.png'}")
 

@@ -1,8 +1,8 @@
 """Where one decode step's time goes, per layer kind and per op, as vLLM serves it on CPU.
 
-Each profile runs an in-process ``vllm.LLM`` (``enforce_eager=True``, as ``bench_serve.py``
-runs its engines) in a subprocess of its own (the plugin is switched on or off per process),
-submits N prompts of ``--prompt-len`` random tokens, steps the engine until every request is
+Each profile runs an in-process ``vllm.LLM`` (``enforce_eager=True``;
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``bench_serve.py --layout in-process``) in a subprocess
+of its own (the plugin is switched on or off per process), submits N prompts of ``--prompt-len`` random tokens, steps the engine until every request is
 decoding, then times ``--steps`` engine steps of N decode rows twice:
 
   timed     forward hooks on every decoder layer's mixer (``linear_attn``: the GatedDeltaNet
@@ -19,6 +19,14 @@ Per kind the table shows ms per step (timed), the arithmetic share of it (profil
 over timed wall), the overhead (wall less arithmetic: Python, dispatch, small ops and copies)
 and the ops per step; then the ops with the most self time in the step. The profiler's own
 cost inflates its op times a little, so the arithmetic share is an upper bound.
+
+The engine runs in-process because the forward hooks and the profiler must live in the process
+that holds the model and steps the engine; ``bench_serve.py``'s default ``served`` layout puts
+the model in a worker process of vLLM's executor instead. So the profile runs with torch's
+default OpenMP threads (one per CPU, unbound), not the bound threads vLLM's CPU executor gives a
+served worker (``vllm/utils/ompmultiprocessing.py``: one per physical core, less the cores kept
+for the engine-core process); where the two thread set-ups differ, its step times are not a
+served engine's.
 
 Models (``--models``):
 

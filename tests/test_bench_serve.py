@@ -1,0 +1,72 @@
+"""``benchmarks/bench_serve.py``'s engine set-up: the environment each ``--layout`` and engine
+gets (vLLM's multiprocessing switch, the engine's own variables, ``LD_PRELOAD``) and how the
+reports name the layout. Pure logic: no engine starts."""
+
+import argparse
+
+import pytest
+
+from benchmarks import bench_serve as bench
+
+#: what this process's environment may already hold: each engine must set or drop it.
+INHERITED = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_GDN_NEURON_DISABLE": "1",
+             "VLLM_GDN_BACKEND": "nki", "LD_PRELOAD": "/inherited.so", "HOME": "/home/x"}
+
+
+def _args(**overrides):
+    values = dict(layout="served", compare=None, preload=None, compiled=False, mtp=0, model=bench.TRAINED_CHECKPOINT)
+    return argparse.Namespace(**dict(values, **overrides))
+
+
+@pytest.fixture
+def fake_libraries(tmp_path, monkeypatch):
+    """PRELOAD_CANDIDATES pointed at two files under ``tmp_path``; returns their ``LD_PRELOAD``."""
+    paths = {name: tmp_path / f"lib{name}.so" for name in bench.PRELOAD_CANDIDATES}
+    for path in paths.values():
+        path.write_bytes(b"")
+    monkeypatch.setattr(bench, "PRELOAD_CANDIDATES", {name: (str(path),) for name, path in paths.items()})
+    return ":".join(str(paths[name]) for name in ("tcmalloc", "iomp"))
+
+
+@pytest.mark.parametrize("layout, multiprocessing", [("served", "1"), ("in-process", "0")])
+@pytest.mark.parametrize("engine", ["auto", "auto+mtp", "built-in", "built-in+mtp", "torch"])
+def test_layout_sets_vllm_multiprocessing(layout, multiprocessing, engine):
+    env = bench.engine_env(engine, _args(layout=layout), dict(INHERITED, VLLM_ENABLE_V1_MULTIPROCESSING="x"))
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == multiprocessing
+    assert env["HOME"] == "/home/x"
+
+
+@pytest.mark.parametrize("engine, variables", [
+    ("auto", {}), ("auto+mtp", {}), ("torch", {"VLLM_GDN_BACKEND": "torch"}),
+    ("vllm_cpu", {"VLLM_GDN_BACKEND": "vllm_cpu"}), ("built-in", {"VLLM_GDN_NEURON_DISABLE": "1"}),
+    ("built-in+mtp@compiled", {"VLLM_GDN_NEURON_DISABLE": "1"})])
+def test_engine_variables_replace_inherited_ones(engine, variables):
+    env = bench.engine_env(engine, _args(), INHERITED)
+    for name in ("VLLM_GDN_BACKEND", "VLLM_GDN_NEURON_DISABLE"):
+        assert env.get(name) == variables.get(name), name
+
+
+@pytest.mark.parametrize("layout", list(bench.LAYOUTS))
+def test_preload_reaches_every_engine(fake_libraries, layout):
+    """``--preload`` alone: every engine's process (whose environment vLLM's engine core and worker
+    inherit) has the libraries in ``LD_PRELOAD``, replacing an inherited value."""
+    args = _args(layout=layout, preload=["iomp", "tcmalloc"])
+    for engine in ("auto", "built-in@compiled"):
+        assert bench.engine_env(engine, args, INHERITED)["LD_PRELOAD"] == fake_libraries
+
+
+def test_compare_preload_only_the_variant_preloads(fake_libraries):
+    args = _args(compare="preload", preload=list(bench.DEFAULT_PRELOAD))
+    assert "LD_PRELOAD" not in bench.engine_env("auto", args, INHERITED)
+    assert bench.engine_env("auto@preload", args, INHERITED)["LD_PRELOAD"] == fake_libraries
+
+
+def test_without_preload_the_inherited_value_stays():
+    assert bench.engine_env("auto", _args(), INHERITED)["LD_PRELOAD"] == "/inherited.so"
+
+
+@pytest.mark.parametrize("layout, stem", [("served", ""), ("in-process", "-in-process")])
+def test_reports_name_the_layout(layout, stem):
+    args = _args(layout=layout, compiled=True)
+    assert bench.setup_text(args, {"auto": [12.0]}, {"auto": [2**30]}).startswith(f"layout {layout} (")
+    assert bench.setup_stem(args) == stem + "-compiled"
