@@ -106,6 +106,7 @@ def test_real_dims_fp8_checkpoint_in_fp32_gives_transformers_fp32_ids(tiny_model
     assert dtypes == {torch.float32}, dtypes
     for ids, (want_ids, want_logits) in zip(got, want):
         assert_greedy_matches(ids, want_ids, want_logits, torch.float32)
+    print(f"{name}: float32 greedy ids {got}")
 
 
 @pytest.mark.slow
