@@ -5,8 +5,8 @@ The oracle is transformers on each checkpoint's dequantized twin (``tests.suppor
 every FP8 weight times its block scale, by a float64 loop, stored in float32). Served in
 float32, the engine's greedy ids must equal transformers' fp32 ids exactly, for the tiny
 layouts and for the real-dims checkpoint (``qwen3_5-35b-a3b-real-fp8``: its oracle runs
-first, in a child process, so that one float32 copy of its weights is alive at a time); in
-bfloat16, they follow the bf16 rules of ``tests.support.oracle``.
+first, in a child process, so that transformers' float32 model and the engine's are never in
+memory together); in bfloat16, they follow the bf16 rules of ``tests.support.oracle``.
 """
 
 import json
@@ -93,16 +93,18 @@ def test_fp8_checkpoint_gives_transformers_fp32_ids(tiny_model, twin, name):
 @pytest.mark.slow
 def test_real_dims_fp8_checkpoint_in_fp32_gives_transformers_fp32_ids(tiny_model, twin):
     """The 35B-A3B per-layer dims in block-FP8 (4 layers, 8 experts, the full vocabulary), served in
-    float32: dequantized at load (vLLM's FP8 kernels are bf16-only), every parameter float32, and
+    float32: dequantized at load (vLLM's FP8 kernels take bf16 only), every parameter float32, and
     transformers' fp32 ids on the twin exactly. Transformers runs first, in a child process, so
-    that one fp32 copy of the weights (~4.5 GB) is alive at a time."""
+    that its float32 model and the engine's are never in memory together."""
     name = "qwen3_5-35b-a3b-real-fp8"
-    prompts = [[248_000], [(37 * i + 11) % 248_000 + 5 for i in range(203)]]  # one token; off the 64-token chunk
+    # One token; 203 tokens, off the 64-token GDN chunk and prefilled over two steps (128 tokens a step).
+    prompts = [[248_000], [(37 * i + 11) % 248_000 + 5 for i in range(203)]]
     max_tokens = 6
     want = hf_greedy_in_subprocess(twin(name), torch.float32, prompts, max_tokens)
     got, lines, dtypes = _engine_run(tiny_model(name), "float32", prompts, max_tokens, max_model_len=512,
                                      max_num_seqs=2)
-    assert any(line.startswith(DEQUANTIZED_LOG) for line in lines), lines
+    reason = "vLLM's Fp8Config takes dtypes [torch.bfloat16, torch.float16], not torch.float32"
+    assert any(line.startswith(DEQUANTIZED_LOG) and line.endswith(reason) for line in lines), lines
     assert dtypes == {torch.float32}, dtypes
     for ids, (want_ids, want_logits) in zip(got, want):
         assert_greedy_matches(ids, want_ids, want_logits, torch.float32)
