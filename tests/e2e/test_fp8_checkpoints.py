@@ -3,8 +3,10 @@
 
 The oracle is transformers on each checkpoint's dequantized twin (``tests.support.fp8``:
 every FP8 weight times its block scale, by a float64 loop, stored in float32). Served in
-float32, the engine's greedy ids must equal transformers' fp32 ids exactly; in bfloat16,
-they follow the bf16 rules of ``tests.support.oracle``.
+float32, the engine's greedy ids must equal transformers' fp32 ids exactly, for the tiny
+layouts and for the real-dims checkpoint (``qwen3_5-35b-a3b-real-fp8``: its oracle runs
+first, in a child process, so that transformers' float32 model and the engine's are never in
+memory together); in bfloat16, they follow the bf16 rules of ``tests.support.oracle``.
 """
 
 import json
@@ -17,7 +19,7 @@ import torch
 
 from tests.support.engines import engine
 from tests.support.fp8 import dequantized_twin
-from tests.support.oracle import assert_greedy_matches, hf_greedy
+from tests.support.oracle import assert_greedy_matches, hf_greedy, hf_greedy_in_subprocess
 from tests.support.serving import EAGER, REPO, completion, free_port, serving_process
 
 PROMPTS = [[7], [(5 * i + 3) % 500 + 3 for i in range(90)]]
@@ -38,13 +40,26 @@ def twin(tiny_model, tmp_path_factory):
     return get
 
 
-def _engine_ids(model_dir: str, dtype: str, **kwargs) -> list[list[int]]:
+def _engine_run(model_dir: str, dtype: str, prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX_TOKENS,
+                **kwargs) -> tuple[list[list[int]], list[str], set[torch.dtype]]:
+    """Greedy ids of ``prompts``, the plugin's log lines, and the dtypes of the parameters the engine's model holds."""
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with engine(model_dir, dtype=dtype, **kwargs) as llm:
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    return [list(out.outputs[0].token_ids) for out in outs]
+    from vllm_gdn_neuron.shells.vllm import qwen3_5
+
+    lines: list[str] = []
+    info = qwen3_5.logger.info
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qwen3_5.logger, "info", lambda message, *args: (lines.append(message % args), info(message, *args)))
+        with engine(model_dir, dtype=dtype, **kwargs) as llm:
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            dtypes = llm.apply_model(lambda model: {p.dtype for p in model.parameters()})[0]
+    return [list(out.outputs[0].token_ids) for out in outs], lines, dtypes
+
+
+def _engine_ids(model_dir: str, dtype: str, **kwargs) -> list[list[int]]:
+    return _engine_run(model_dir, dtype, **kwargs)[0]
 
 
 @pytest.mark.slow
@@ -73,6 +88,27 @@ def test_fp8_checkpoint_gives_transformers_fp32_ids(tiny_model, twin, name):
     for ids, prompt in zip(got, PROMPTS):
         want, want_logits = hf_greedy(twin(name), torch.float32, prompt, MAX_TOKENS)
         assert_greedy_matches(ids, want, want_logits, torch.float32)
+
+
+@pytest.mark.slow
+def test_real_dims_fp8_checkpoint_in_fp32_gives_transformers_fp32_ids(tiny_model, twin):
+    """The 35B-A3B per-layer dims in block-FP8 (4 layers, 8 experts, the full vocabulary), served in
+    float32: dequantized at load (vLLM's FP8 kernels take bf16 only), every parameter float32, and
+    transformers' fp32 ids on the twin exactly. Transformers runs first, in a child process, so
+    that its float32 model and the engine's are never in memory together."""
+    name = "qwen3_5-35b-a3b-real-fp8"
+    # One token; 203 tokens, off the 64-token GDN chunk and prefilled over two steps (128 tokens a step).
+    prompts = [[248_000], [(37 * i + 11) % 248_000 + 5 for i in range(203)]]
+    max_tokens = 6
+    want = hf_greedy_in_subprocess(twin(name), torch.float32, prompts, max_tokens)
+    got, lines, dtypes = _engine_run(tiny_model(name), "float32", prompts, max_tokens, max_model_len=512,
+                                     max_num_seqs=2)
+    reason = "vLLM's Fp8Config takes dtypes [torch.bfloat16, torch.float16], not torch.float32"
+    assert any(line.startswith(DEQUANTIZED_LOG) and line.endswith(reason) for line in lines), lines
+    assert dtypes == {torch.float32}, dtypes
+    for ids, (want_ids, want_logits) in zip(got, want):
+        assert_greedy_matches(ids, want_ids, want_logits, torch.float32)
+    print(f"{name}: float32 greedy ids {got}")
 
 
 @pytest.mark.slow
