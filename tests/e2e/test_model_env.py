@@ -45,7 +45,8 @@ def test_the_checkpoint_is_served_with_settings_derived_from_it(server, model_di
     assert [m["id"] for m in listed] == ["qwen3_5-2b-real"]
     served_len = listed[0]["max_model_len"]
     log = server.log_path.read_text()
-    assert log.count("vllm-gdn-serve: ") == 1 and "derived: --served-model-name qwen3_5-2b-real" in log
+    assert log.count("vllm-gdn-serve: ") == 2 and log.count("vllm-gdn-serve: LD_PRELOAD") == 1  # report, preload
+    assert "derived: --served-model-name qwen3_5-2b-real" in log
     assert "Auto-fit max_model_len: reduced from 262144" in log
     # The context vLLM fitted is the one the printed arithmetic predicts, up to its page rounding.
     settings = cli.derive_settings(load_checkpoint(model_dir), cli.given_settings(["--config", str(REPO / "configs" / "serve-cpu.yaml")]),
