@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.support.serving import Server, completion, running_server
-from vllm_gdn_neuron import cli, cpu_memory
+from vllm_gdn_neuron import cli, cpu_memory, envs
 from vllm_gdn_neuron.units import GiB
 
 
@@ -21,7 +21,9 @@ from vllm_gdn_neuron.units import GiB
 def server(tiny_model, tmp_path_factory) -> Server:
     folder = pathlib.Path(tiny_model("qwen3_5-dense"))
     log_path = tmp_path_factory.mktemp("default-memory") / "server.log"
-    unset = (cli.MEMORY_ENV, cli.KVCACHE_SPACE_ENV, cpu_memory.BIND_ENV)
+    # As a user's shell has it: no LD_PRELOAD either (vLLM's CPU platform writes torch's libgomp into
+    # the environment of any process that built an engine, this test session's included).
+    unset = (cli.MEMORY_ENV, cli.KVCACHE_SPACE_ENV, cpu_memory.BIND_ENV, envs.LD_PRELOAD)
     with running_server(log_path, model=folder.name, env={"MODEL": f"./{folder.name}"}, unset=unset,
                         cwd=folder.parent) as running:
         yield running
