@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from tests.support.engines import engine
+from tests.support.engines import engine, plugin_log_lines
 from tests.support.fp8 import dequantized_twin
 from tests.support.oracle import assert_greedy_matches, hf_greedy, hf_greedy_in_subprocess
 from tests.support.serving import EAGER, REPO, completion, free_port, serving_process
@@ -45,13 +45,8 @@ def _engine_run(model_dir: str, dtype: str, prompts: list[list[int]] = PROMPTS, 
     """Greedy ids of ``prompts``, the plugin's log lines, and the dtypes of the parameters the engine's model holds."""
     from vllm import SamplingParams
 
-    from vllm_gdn_neuron.shells.vllm import qwen3_5
-
-    lines: list[str] = []
-    info = qwen3_5.logger.info
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(qwen3_5.logger, "info", lambda message, *args: (lines.append(message % args), info(message, *args)))
+    with plugin_log_lines() as lines:
         with engine(model_dir, dtype=dtype, **kwargs) as llm:
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
             dtypes = llm.apply_model(lambda model: {p.dtype for p in model.parameters()})[0]

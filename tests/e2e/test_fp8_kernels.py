@@ -16,7 +16,7 @@ whole 128 x 128 blocks, as the kernels need; the ``-fp8`` tiny twins (64-wide) d
 import pytest
 import torch
 
-from tests.support.engines import engine
+from tests.support.engines import engine, plugin_log_lines
 from tests.support.fp8 import dequantized_twin
 from tests.support.oracle import assert_logprob_error_ratio, hf_bf16_oracle_in_subprocess
 
@@ -33,13 +33,8 @@ def _serve(model_dir: str, prompts: list[list[int]] = PROMPTS, max_tokens: int =
     dtypes of the weights the model holds (name -> dtype)."""
     from vllm import SamplingParams
 
-    from vllm_gdn_neuron.shells.vllm import qwen3_5
-
-    lines: list[str] = []
-    info = qwen3_5.logger.info
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=LOGPROBS)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(qwen3_5.logger, "info", lambda message, *args: (lines.append(message % args), info(message, *args)))
+    with plugin_log_lines() as lines:
         with engine(model_dir, dtype="bfloat16", enable_prefix_caching=False, **kwargs) as llm:
             outs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
                                                        use_tqdm=False)]

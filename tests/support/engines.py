@@ -47,6 +47,26 @@ def engine(model_dir: str, **kwargs):
         cleanup_dist_env_and_memory()
 
 
+@contextlib.contextmanager
+def plugin_log_lines():
+    """The INFO lines the vLLM shell's model module logs while the block runs (formatted), collected
+    into the yielded list; they still reach the log."""
+    from vllm_gdn_neuron.shells.vllm import qwen3_5
+
+    lines: list[str] = []
+    info = qwen3_5.logger.info
+
+    def collect(message, *args):
+        lines.append(message % args)
+        info(message, *args)
+
+    qwen3_5.logger.info = collect
+    try:
+        yield lines
+    finally:
+        qwen3_5.logger.info = info
+
+
 def _greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int, engine_kwargs: dict,
             logprobs: int | None = None):
     from vllm import SamplingParams
