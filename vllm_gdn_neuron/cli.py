@@ -433,6 +433,11 @@ def eager_without_compiler(given: dict[str, str | None]) -> list[str]:
     return ["--enforce-eager"]
 
 
+def names_a_model(args: list[str]) -> bool:
+    """The command line starts with MODEL (not ``--help`` and the like, which vLLM answers alone)."""
+    return bool(args) and not args[0].startswith("-")
+
+
 def serve_args(args: list[str]) -> list[str]:
     """``args`` with the derived settings inserted after MODEL (the user's flags follow and win).
 
@@ -440,7 +445,7 @@ def serve_args(args: list[str]) -> list[str]:
         CheckpointError: MODEL missing, unsupported, or too large for this machine; or the
             compiled mode asked for without a C++ compiler.
     """
-    if not args or args[0].startswith("-"):
+    if not names_a_model(args):
         return args  # --help and the like: vLLM answers
     checkpoint = load_checkpoint(args[0])
     given = given_settings(args[1:])
@@ -467,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     except CheckpointError as error:
         print(f"vllm-gdn-serve: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    if args and not args[0].startswith("-"):
+    if names_a_model(args):
         preload_serving_libraries()
     patch_vllm_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main

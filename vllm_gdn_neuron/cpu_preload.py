@@ -27,6 +27,7 @@ PRELOAD_CANDIDATES = {
     "iomp": (os.path.join(sys.prefix, "lib", "libiomp5.so"),),
 }
 
+
 def find_library(name: str) -> str | None:
     """The path of library ``name`` (a key of PRELOAD_CANDIDATES), or None where none is installed."""
     return next((path for pattern in PRELOAD_CANDIDATES[name] for path in sorted(glob.glob(pattern))), None)
@@ -47,4 +48,5 @@ def serving_preload(environ: dict) -> tuple[str | None, str]:
     absent = f"; not installed: {', '.join(missing)}" if missing else ""
     if not paths:
         return None, f"{LD_PRELOAD} not set: none of {', '.join(PRELOAD_CANDIDATES)} is installed"
-    return ":".join(paths), f"{LD_PRELOAD}={':'.join(paths)} (vLLM's recommended CPU set-up{absent})"
+    value = ":".join(paths)
+    return value, f"{LD_PRELOAD}={value} (vLLM's recommended CPU set-up{absent})"

@@ -4,7 +4,6 @@ The per-token math (q/gate split, zero-centred q/k norms, partial RoPE, output g
 :class:`vllm_gdn_neuron.model.attention.GatedAttentionMath`, shared with the Neuron shell.
 """
 
-
 import torch
 
 from vllm.config import CacheConfig

@@ -48,8 +48,8 @@ from vllm_gdn_neuron.ops.phases import resolve_phases
 from vllm_gdn_neuron.model.gdn_cache import conv_state_view, gdn_state_dtypes, gdn_state_shapes
 from vllm_gdn_neuron.model.norms import GatedRMSNorm
 from vllm_gdn_neuron.model.parameters import GDN_BA, GDN_QKVZ, rank_share
-from vllm_gdn_neuron.shells.vllm.step import EngineStep, step_gdn_parts
 from vllm_gdn_neuron.shells.vllm.quantization import QuantConfigFor, unquantized
+from vllm_gdn_neuron.shells.vllm.step import EngineStep, step_gdn_parts
 
 # vLLM's null block: never allocated to a request, so padding (if any) is routed there.
 PAD_PAGE = 0

@@ -4,7 +4,6 @@ The math (SwiGLU, the gated shared expert) is :mod:`vllm_gdn_neuron.model.mlp`; 
 routed experts run in vLLM's fused MoE (its top-k softmax routing, renormalised).
 """
 
-
 import torch
 from torch import nn
 
