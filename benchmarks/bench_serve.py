@@ -497,7 +497,9 @@ def run_benchmark(args, bandwidths):
     with it for its life, measured here at up to 1.3x for the same kernels).
 
     The engines start one at a time (each waits for the one before to serve its warm-up
-    request), so each start-up time is that engine's alone.
+    request), so each start-up time is that engine's alone; the engine that starts first
+    rotates from start to start, as the first of a round does, so no engine always takes
+    the memory the others leave.
 
     Returns:
         ``(rounds, loads, startups, residents)``: per ``(phase, n, engine)`` the metrics of every
@@ -520,7 +522,7 @@ def run_benchmark(args, bandwidths):
     for start in range(args.starts):
         engines = {}
         try:
-            for name in engine_names(args):
+            for name in rotated(engine_names(args), start):
                 engine = engines[name] = Engine(name, args, RESULTS / f"bench_serve-{name}.log", models.get(name))
                 ready = engine.reply()
                 startups.setdefault(name, []).append(time.perf_counter() - engine.started)
@@ -547,8 +549,7 @@ def run_row(args, engines, rng, rnd, phase, n, rounds):
         prompts = held_out_prompts(args.model, rng, n, prompt_len)
     else:
         prompts = [[rng.randrange(3, args.prompt_vocab) for _ in range(prompt_len)] for _ in range(n)]
-    names = engine_names(args)
-    for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+    for name in rotated(engine_names(args), rnd):
         reply = engines[name].ask(dict(prompts=prompts, max_tokens=max_tokens, tag=f"{phase}-{n}-{rnd}"))
         traces = reply["traces"]
         result = (prefill_metrics(traces, prompt_len) if phase == "prefill"
@@ -558,6 +559,12 @@ def run_row(args, engines, rng, rnd, phase, n, rounds):
         print(f"round {rnd} {phase:7s} N={n:2d} {name:16s} {result['tokens_per_s']:9.1f} tok/s "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
         rounds.setdefault((phase, n, name), []).append(dict(result, round=rnd, load=os.getloadavg()))
+
+
+def rotated(names, turn):
+    """``names`` starting from the ``turn``-th (modulo their count), in their order."""
+    first = turn % len(names)
+    return names[first:] + names[:first]
 
 
 def best_rounds(rounds):
