@@ -26,7 +26,9 @@ the model in a worker process of vLLM's executor instead. So the profile runs wi
 default OpenMP threads (one per CPU, unbound), not the bound threads vLLM's CPU executor gives a
 served worker (``vllm/utils/ompmultiprocessing.py``: one per physical core, less the cores kept
 for the engine-core process); where the two thread set-ups differ, its step times are not a
-served engine's.
+served engine's. ``--threads N`` gives the engine N OpenMP threads pinned to the first N CPUs:
+``--threads 1`` is a served worker's set-up on a 2-vCPU machine (one thread, on CPU 0; here the
+scheduler shares that CPU, where a server keeps it on the other).
 
 Models (``--models``):
 
@@ -38,11 +40,13 @@ Models (``--models``):
 
     python benchmarks/profile_decode.py                     # both models (~5 min on 2 quiet cores)
     python benchmarks/profile_decode.py --models real --n 32
+    python benchmarks/profile_decode.py --threads 1         # a served worker's threads (2 vCPUs)
 
 Writes ``benchmarks/results/profile_decode.{md,json,png}``.
 """
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -232,11 +236,15 @@ def run_engine(name, model, ns, args):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     env.pop("VLLM_GDN_NEURON_DISABLE", None)
     env.update(ENGINES[name])
+    pin = None
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+        pin = functools.partial(os.sched_setaffinity, 0, range(args.threads))
     argv = [sys.executable, __file__, "--worker", "--model", str(model), "--steps", str(args.steps),
             "--prompt-len", str(args.prompt_len), "--n", *map(str, ns)]
     log = RESULTS / f"profile_decode-{name}-{model.name}.log"
     with open(log, "w") as stderr:
-        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
+        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, preexec_fn=pin)
     results = [json.loads(line[len(RESULT_TAG):]) for line in out.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if out.returncode or len(results) != len(ns):
         raise RuntimeError(f"engine {name!r} on {model.name} exited (rc {out.returncode}); see {log}")
@@ -310,6 +318,14 @@ def plot(profiles, path):
     fig.savefig(path, dpi=120)
 
 
+def thread_text(threads):
+    """The engine's OpenMP threads, as ``--threads`` set them."""
+    if not threads:
+        return "torch's default OpenMP threads, unpinned"
+    return f"{threads} OpenMP thread{'s' if threads > 1 else ''} pinned to CPU{'s' if threads > 1 else ''} " + (
+        f"0-{threads - 1}" if threads > 1 else "0")
+
+
 def cpu_name():
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
@@ -328,6 +344,8 @@ def main():
     parser.add_argument("--n", nargs="+", type=int, default=None, help="decode rows (real: default 1 8 32)")
     parser.add_argument("--steps", type=int, default=8, help="decode steps timed (and profiled) per N")
     parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="the engine's OpenMP threads, pinned to CPUs 0..N-1 (default: torch's, unpinned)")
     parser.add_argument("--model", type=pathlib.Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -337,6 +355,9 @@ def main():
     for name in ("steps", "prompt_len"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected >= 1; got {getattr(args, name)}")
+    if args.threads is not None and not 1 <= args.threads <= len(os.sched_getaffinity(0)):
+        parser.error(f"--threads: expected 1 to {len(os.sched_getaffinity(0))} (the CPUs this process may use); "
+                     f"got {args.threads}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     start_load = os.getloadavg()
     profiles = {}
@@ -349,7 +370,8 @@ def main():
     end_load = os.getloadavg()
     report = (f"{cpu_name()}, {os.cpu_count()} CPUs; load averages (1/5/15 min) "
               f"{'/'.join(f'{x:.2f}' for x in start_load)} at the start, {'/'.join(f'{x:.2f}' for x in end_load)} "
-              f"at the end; {args.steps} decode steps per row after a {args.prompt_len}-token prompt\n"
+              f"at the end; {args.steps} decode steps per row after a {args.prompt_len}-token prompt; "
+              f"{thread_text(args.threads)}; LD_PRELOAD {os.environ.get('LD_PRELOAD') or 'none'}\n"
               + table(profiles) + "\n")
     print(report)
     (RESULTS / "profile_decode.md").write_text(report)
