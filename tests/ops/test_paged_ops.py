@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vllm_gdn_neuron import ops
+from vllm_gdn_neuron.ops import paged
 from vllm_gdn_neuron.ops.backends.torch.chunked import GDN_CHUNK_SIZE as CHUNK
 
 from .ops_testing import assert_matches, make_gdn_inputs
@@ -58,9 +59,18 @@ GDN_CASES = [
 ]
 
 
+#: ``paged``'s gather limits for each eager decode path of a float32 cache: every step's rows
+#: gathered, or every step's rows updated in place.
+DECODE_PATHS = {"gathered": 1 << 40, "in-place": 0}
+
+
+@pytest.mark.parametrize("decode_path", DECODE_PATHS)
 @pytest.mark.parametrize("exact_plan", [False, True], ids=["varlen-plan", "exact-plan"])
 @pytest.mark.parametrize("hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype", GDN_CASES)
-def test_paged_gdn_mixed_step_matches_reference(hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype, exact_plan):
+def test_paged_gdn_mixed_step_matches_reference(hk, hv, dk, dv, dtype, min_g, correlated, ssm_dtype, exact_plan,
+                                                decode_path, monkeypatch):
+    for limit in ("GATHERED_ROW_BYTES", "GATHERED_STEP_BYTES"):
+        monkeypatch.setattr(paged, limit, DECODE_PATHS[decode_path])
     step = make_step(NUM_DECODES, LENGTHS, HAS_STATE, seed=hk * 10 + hv)
     dec, pre = _steps(step, exact_plan)
     _, ssm = make_caches(step, (4, 4), (hv, dk, dv), ssm_dtype=ssm_dtype)

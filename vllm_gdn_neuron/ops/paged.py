@@ -41,6 +41,12 @@ from .validation import (
 )
 
 SSM_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+#: Eager decode on a float32 cache gathers the step's state rows when each is at most
+#: ``GATHERED_ROW_BYTES`` and all of them at most ``GATHERED_STEP_BYTES`` (``paged_gdn_decode``:
+#: small heads, where the per-row loop's host dispatch costs more than the gathered copies);
+#: other rows are updated in place, row by row.
+GATHERED_ROW_BYTES = 16 << 10
+GATHERED_STEP_BYTES = 256 << 10
 
 
 def check_step_kind(step, kind):
@@ -163,10 +169,11 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
 
     Per value head: ``S <- exp(g) S``; ``v_new = beta (v - S^T k)``; ``S <- S + k v_new^T``;
     ``o = S^T q`` (q scaled), with both reads of the undecayed state in one matmul
-    ``[k; q]^T S``. Traced (or with a bfloat16 cache) the rows are gathered, stepped and written
-    back whole; run eagerly on a float32 cache, the torch backend updates them in place (same
-    math, padding rows left out, no gathered copy of the state rows; the in-place step loops
-    over rows on the host, so eager only).
+    ``[k; q]^T S``. Traced, with a bfloat16 cache, or with small state rows (``_gathers``), the
+    rows are gathered, stepped and written back whole; otherwise (eager, float32 cache, larger
+    rows) the torch backend updates them in place (same math, padding rows left out, no
+    gathered copy of the state rows; the in-place step loops over rows on the host, so eager
+    only).
 
     Args:
         q, k: ``[N, Hk, Dk]`` float32 or bfloat16.
@@ -183,13 +190,21 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
     check_step_kind(step, DecodeStep)
     dim_k = check_gdn(q, k, v, g, beta, ssm_cache, "N", step.num_rows)
     scale = resolve_scale(scale, dim_k)
-    if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling():
+    if ssm_cache.dtype == torch.float32 and not torch.compiler.is_compiling() and not _gathers(ssm_cache, step):
         return decode_in_place(recurrent.gdn_decode, (q, k, v, g, beta), ssm_cache, step, scale, bool(use_qk_l2norm))
     state = ssm_cache.index_select(0, step.pages).float()
     q, k = prepare_qk(q, k, scale, bool(use_qk_l2norm))
     o, new = _gdn_step(state, q, k, v, g, beta)
     ssm_cache.index_copy_(0, step.pages, new.to(ssm_cache.dtype))
     return torch.where(step.is_real[:, None, None], o, 0.0).to(v.dtype)
+
+
+def _gathers(ssm_cache, step):
+    """The eager decode of ``step`` gathers its state rows: each at most ``GATHERED_ROW_BYTES``,
+    all of them at most ``GATHERED_STEP_BYTES`` (measured on one core: 2 to 2.5x faster at 8 to 32
+    rows of 8 KiB; slower from rows of 64 KiB, or 512 KiB in all; ``benchmarks/README.md``)."""
+    row_bytes = ssm_cache[0].numel() * ssm_cache.element_size()
+    return row_bytes <= GATHERED_ROW_BYTES and row_bytes * step.num_rows <= GATHERED_STEP_BYTES
 
 
 def _gdn_step(state, q, k, v, g, beta):
