@@ -57,7 +57,9 @@ The resident memory reported is that of the processes holding the engine: the su
 in-process; served, its descendants (the engine core, its worker), their ``VmRSS`` summed. The
 subprocesses stay up for the whole run (for each start, with ``--starts``) and take turns:
 every round runs each row on every engine back to back (the engine that goes first rotates),
-so load from elsewhere on a shared machine hits all alike; a row's result is its best round
+so load from elsewhere on a shared machine hits all alike, and with ``--starts`` the engine
+that starts first rotates too (at real dims the engine started second decoded 5-8 % faster,
+whichever it was: where each process's memory lands stays with it); a row's result is its best round
 (highest tokens/s, its latencies from that round), and beside each ratio of auto to another
 engine its paired figure in parentheses: the median over rounds of the ratio within the round.
 Prompts are random token ids, new ones each round, the same for every engine; prefix caching

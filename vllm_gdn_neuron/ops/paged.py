@@ -202,7 +202,7 @@ def paged_gdn_decode(q, k, v, g, beta, ssm_cache, step, *, scale=None, use_qk_l2
 def _gathers(ssm_cache, step):
     """The eager decode of ``step`` gathers its state rows: each at most ``GATHERED_ROW_BYTES``,
     all of them at most ``GATHERED_STEP_BYTES`` (measured on one core: 2 to 2.5x faster at 8 to 32
-    rows of 8 KiB; slower from rows of 64 KiB, or 512 KiB in all; ``benchmarks/README.md``)."""
+    rows of 8 KiB; slower from rows of 64 KiB, and from 32 rows of 16 KiB; ``benchmarks/README.md``)."""
     row_bytes = ssm_cache[0].numel() * ssm_cache.element_size()
     return row_bytes <= GATHERED_ROW_BYTES and row_bytes * step.num_rows <= GATHERED_STEP_BYTES
 
