@@ -21,6 +21,8 @@ included). A sequence without ``has_state`` starts from zeros whatever its page 
 (``torch.where``, so stale NaNs on a recycled page do not leak in).
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -203,7 +205,7 @@ def _gathers(ssm_cache, step):
     """The eager decode of ``step`` gathers its state rows: each at most ``GATHERED_ROW_BYTES``,
     all of them at most ``GATHERED_STEP_BYTES`` (measured on one core: 2 to 2.5x faster at 8 to 32
     rows of 8 KiB; slower from rows of 64 KiB, and from 32 rows of 16 KiB; ``benchmarks/README.md``)."""
-    row_bytes = ssm_cache[0].numel() * ssm_cache.element_size()
+    row_bytes = math.prod(ssm_cache.shape[1:]) * ssm_cache.element_size()
     return row_bytes <= GATHERED_ROW_BYTES and row_bytes * step.num_rows <= GATHERED_STEP_BYTES
 
 
