@@ -322,8 +322,9 @@ def thread_text(threads):
     """The engine's OpenMP threads, as ``--threads`` set them."""
     if not threads:
         return "torch's default OpenMP threads, unpinned"
-    return f"{threads} OpenMP thread{'s' if threads > 1 else ''} pinned to CPU{'s' if threads > 1 else ''} " + (
-        f"0-{threads - 1}" if threads > 1 else "0")
+    if threads == 1:
+        return "1 OpenMP thread pinned to CPU 0"
+    return f"{threads} OpenMP threads pinned to CPUs 0-{threads - 1}"
 
 
 def cpu_name():
@@ -355,9 +356,9 @@ def main():
     for name in ("steps", "prompt_len"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected >= 1; got {getattr(args, name)}")
-    if args.threads is not None and not 1 <= args.threads <= len(os.sched_getaffinity(0)):
-        parser.error(f"--threads: expected 1 to {len(os.sched_getaffinity(0))} (the CPUs this process may use); "
-                     f"got {args.threads}")
+    usable = len(os.sched_getaffinity(0))
+    if args.threads is not None and not 1 <= args.threads <= usable:
+        parser.error(f"--threads: expected 1 to {usable} (the CPUs this process may use); got {args.threads}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     start_load = os.getloadavg()
     profiles = {}
