@@ -62,6 +62,8 @@ that starts first rotates too (at real dims the engine started second decoded 5-
 whichever it was: where each process's memory lands stays with it); a row's result is its best round
 (highest tokens/s, its latencies from that round), and beside each ratio of auto to another
 engine its paired figure in parentheses: the median over rounds of the ratio within the round.
+The plot draws the best rounds per phase, and every round's ratio beside them (filled where the
+ratio's first engine started first: the start order shows).
 Prompts are random token ids, new ones each round, the same for every engine; prefix caching
 is off so every round prefills in full.
 
@@ -625,14 +627,26 @@ def _ratio(results, name, other):
     return results[name]["tokens_per_s"] / results[other]["tokens_per_s"]
 
 
-def _paired(rounds, phase, n, name, other):
-    """Median over rounds of engine ``name``'s tokens/s over ``other``'s within the round (None
-    where either did not run): the engines take turns in every round, so load from elsewhere
-    that slows one round slows both, which the ratio of best rounds does not cancel."""
+def round_ratios(args, rounds, phase, n, name, other):
+    """Engine ``name``'s tokens/s over ``other``'s in each round of row ``(phase, n)`` ([] where
+    either did not run): ``{"round", "ratio", "started_first"}``, the last True where ``name``
+    started before ``other`` in that round's start of the engines (``run_benchmark``)."""
     if (phase, n, name) not in rounds or (phase, n, other) not in rounds:
-        return None
-    return statistics.median(a["tokens_per_s"] / b["tokens_per_s"]
-                             for a, b in zip(rounds[(phase, n, name)], rounds[(phase, n, other)]))
+        return []
+    names = engine_names(args)
+    ratios = []
+    for mine, theirs in zip(rounds[(phase, n, name)], rounds[(phase, n, other)]):
+        order = rotated(names, mine["round"] // args.rounds)
+        ratios.append(dict(round=mine["round"], ratio=mine["tokens_per_s"] / theirs["tokens_per_s"],
+                           started_first=order.index(name) < order.index(other)))
+    return ratios
+
+
+def _paired(ratios):
+    """The median of per-round ratios (``round_ratios``), None where there are none: the engines
+    take turns in every round, so load from elsewhere that slows one round slows both, which the
+    ratio of best rounds does not cancel."""
+    return statistics.median(r["ratio"] for r in ratios) if ratios else None
 
 
 def table(args, rounds, bandwidth):
@@ -651,12 +665,15 @@ def table(args, rounds, bandwidth):
         results = {name: best[(phase, n, name)] for name in names}
         backends = [name for name in PLUGIN_BACKENDS if name in results]
         fastest = max(backends, key=lambda name: results[name]["tokens_per_s"]) if backends else None
+        pairs = [("auto", fastest), ("auto", "built-in"), *variants]
+        per_round = {f"{a} / {b}": round_ratios(args, rounds, phase, n, a, b) for a, b in pairs}
         row = dict(phase=phase, n=n, engines=results, vs_best=_ratio(results, "auto", fastest),
-                   vs_best_paired=_paired(rounds, phase, n, "auto", fastest),
+                   vs_best_paired=_paired(per_round[f"auto / {fastest}"]),
                    vs_builtin=_ratio(results, "auto", "built-in"),
-                   vs_builtin_paired=_paired(rounds, phase, n, "auto", "built-in"),
-                   variants={f"{a} / {b}": (_ratio(results, a, b), _paired(rounds, phase, n, a, b))
-                             for a, b in variants})
+                   vs_builtin_paired=_paired(per_round["auto / built-in"]),
+                   variants={f"{a} / {b}": (_ratio(results, a, b), _paired(per_round[f"{a} / {b}"]))
+                             for a, b in variants},
+                   per_round={key: ratios for key, ratios in per_round.items() if ratios})
         bound = shares = "-"
         if phase == "decode":
             bound_tps, step_bytes = bound_columns(args, bandwidth, n)
@@ -703,9 +720,10 @@ def mtp_table(args, rounds):
     rows = []
     for phase, n in scenarios(args):
         results = {name: best[(phase, n, name)] for name in names}
+        per_round = {f"{a} / {b}": round_ratios(args, rounds, phase, n, a, b) for a, b in ratios}
         row = dict(phase=phase, n=n, engines=results,
                    ratios={f"{a} / {b}": _ratio(results, a, b) for a, b in ratios},
-                   paired={f"{a} / {b}": _paired(rounds, phase, n, a, b) for a, b in ratios})
+                   paired={key: _paired(values) for key, values in per_round.items()}, per_round=per_round)
         cells = []
         for name in speculative:
             rates, per_step = acceptance(results[name].get("spec", {"drafts": 0}))
@@ -723,45 +741,79 @@ def mtp_table(args, rounds):
     return "\n".join(lines), rows
 
 
-def mtp_plot(rows, path):
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    return plt
+
+
+def best_round_bars(ax, rows, labels):
+    """Each row's engines side by side, their best round's tokens/s; x ticks ``labels``."""
     names = list(rows[0]["engines"]) if rows else []
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         ax.bar([x - 0.4 + (i + 0.5) * width for x in range(len(rows))],
                [r["engines"][name]["tokens_per_s"] for r in rows], width, label=name)
-    ax.set_xticks(list(range(len(rows))), [f"decode N = {r['n']}" for r in rows])
+    ax.set_xticks(list(range(len(rows))), labels)
     ax.set_ylabel("tokens/s (best round)")
     ax.legend(fontsize=8)
+
+
+def round_ratio_dots(ax, rows, labels):
+    """Every round's ratio of each pair of engines (the rows' ``per_round``) as a dot, filled where
+    the first engine of the pair started first, hollow where it started second; a bar marks the
+    median (the paired figure of the table), a line 1.0."""
+    keys = list(dict.fromkeys(key for r in rows for key in r["per_round"]))
+    width = 0.8 / max(len(keys), 1)
+    for i, key in enumerate(keys):
+        color, label = f"C{i}", key
+        for x, r in enumerate(rows):
+            ratios = r["per_round"].get(key, [])
+            if not ratios:
+                continue
+            at = x - 0.4 + (i + 0.5) * width
+            for started_first in (True, False):
+                ys = [q["ratio"] for q in ratios if q["started_first"] == started_first]
+                ax.scatter([at] * len(ys), ys, s=18, edgecolors=color, facecolors=color if started_first else "none")
+            ax.plot([at - width / 3, at + width / 3], [_paired(ratios)] * 2, color=color, lw=2, label=label)
+            label = None  # one legend entry per pair
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(list(range(len(rows))), labels)
+    ax.set_ylabel("per-round ratio (bar: median)")
+    ax.set_title("every round: filled = the first engine started first")
+    if keys:
+        ax.legend(fontsize=7)
+
+
+def mtp_plot(rows, path):
+    """The ``--mtp`` rows' best rounds, then every round's ratios, saved to ``path``."""
+    plt = _pyplot()
+    fig, (bars, dots) = plt.subplots(1, 2, figsize=(13, 4.5))
+    labels = [f"decode N = {r['n']}" for r in rows]
+    best_round_bars(bars, rows, labels)
+    round_ratio_dots(dots, rows, labels)
     fig.suptitle("Trained tiny Qwen3.5 (MTP head), bf16, CPU: speculative decoding by MTP vs none")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, phase in zip(axes, ("prefill", "decode")):
+    """One panel of best rounds per phase that has rows, then every round's ratios
+    (``round_ratio_dots``), saved to ``path``; returns the figure."""
+    plt = _pyplot()
+    phases = [phase for phase in ("prefill", "decode") if any(r["phase"] == phase for r in rows)]
+    fig, axes = plt.subplots(1, len(phases) + 1, figsize=(6 * (len(phases) + 1), 4.5), squeeze=False)
+    for ax, phase in zip(axes[0], phases):
         sel = [r for r in rows if r["phase"] == phase]
-        xs = range(len(sel))
-        names = list(sel[0]["engines"]) if sel else []
-        width = 0.8 / max(len(names), 1)
-        for i, name in enumerate(names):
-            ax.bar([x - 0.4 + (i + 0.5) * width for x in xs], [r["engines"][name]["tokens_per_s"] for r in sel],
-                   width, label=name)
+        best_round_bars(ax, sel, [f"N = {r['n']}" for r in sel])
         if phase == "decode":
-            ax.plot(list(xs), [r["bound_tokens_per_s"] for r in sel], "k_", markersize=30, mew=2,
+            ax.plot(list(range(len(sel))), [r["bound_tokens_per_s"] for r in sel], "k_", markersize=30, mew=2,
                     label="bandwidth bound")
-        for x, r in zip(xs, sel):
+            ax.legend(fontsize=8)
+        for x, r in enumerate(sel):
             label = ", ".join(f"{r[key]:.2f}x {peer}" for key, peer in (("vs_best", "best"), ("vs_builtin", "built-in"))
                               if r[key] is not None)
             if label:
@@ -770,14 +822,12 @@ def plot(rows, path):
                 ax.annotate(f"auto {label}", (x, top), xytext=(0, 4), textcoords="offset points", ha="center",
                             va="bottom", fontsize=7)
         ax.margins(y=0.08)
-        ax.set_xticks(list(xs), [f"N = {r['n']}" for r in sel])
-        ax.set_ylabel("tokens/s (best round)")
-        ax.set_title(f"{phase}")
-        if sel:  # --only may leave a phase without rows
-            ax.legend(fontsize=8)
+        ax.set_title(phase)
+    round_ratio_dots(axes[0][-1], rows, [f"{r['phase']} N = {r['n']}" for r in rows])
     fig.suptitle("Qwen3-Next real per-layer dims, 4 layers, bf16, CPU: the plugin's backends vs vLLM built-in")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return fig
 
 
 def cpu_name():

@@ -1,6 +1,6 @@
 """``benchmarks/bench_serve.py``'s engine set-up: the environment each ``--layout`` and engine
 gets (vLLM's multiprocessing switch, the engine's own variables, ``LD_PRELOAD``) and how the
-reports name the layout. Pure logic: no engine starts."""
+reports name the layout, the per-round ratios and the plot. Pure logic: no engine starts."""
 
 import argparse
 
@@ -96,3 +96,37 @@ def test_the_engine_started_first_rotates_from_start_to_start(monkeypatch, tmp_p
     bench.run_benchmark(_args(engines=["auto", "built-in", "torch"], starts=4, rounds=1), [])
     assert started == ["auto", "built-in", "torch", "built-in", "torch", "auto", "torch", "auto", "built-in",
                        "auto", "built-in", "torch"]
+
+
+def _prefill_rounds(tokens_per_s):
+    """``run_benchmark``'s rounds of one prefill row: engine -> tokens/s in each round."""
+    return {("prefill", 8, name): [dict(tokens_per_s=value, round=rnd, load=(1.0, 1.0, 1.0),
+                                       latency_ms={f"p{p}": 1.0 for p in bench.PERCENTILES})
+                                  for rnd, value in enumerate(values)]
+            for name, values in tokens_per_s.items()}
+
+
+def test_per_round_ratios_say_which_engine_started_first():
+    # 2 starts x 2 rounds: auto starts first in start 0 (rounds 0, 1), built-in in start 1.
+    args = _args(engines=["auto", "built-in"], starts=2, rounds=2)
+    rounds = _prefill_rounds({"auto": [90.0, 96.0, 110.0, 105.0], "built-in": [100.0, 100.0, 100.0, 100.0]})
+    ratios = bench.round_ratios(args, rounds, "prefill", 8, "auto", "built-in")
+    assert [(r["round"], r["ratio"], r["started_first"]) for r in ratios] == [
+        (0, 0.9, True), (1, 0.96, True), (2, 1.1, False), (3, 1.05, False)]
+    assert bench._paired(ratios) == pytest.approx(1.005)
+    assert bench.round_ratios(args, rounds, "prefill", 8, "auto", "torch") == [] and bench._paired([]) is None
+
+
+def test_the_table_and_plot_show_every_round_and_only_the_phases_run(monkeypatch, tmp_path):
+    args = _args(engines=["auto", "built-in"], starts=2, rounds=2)
+    monkeypatch.setattr(bench, "scenarios", lambda args: [("prefill", 8)])
+    rounds = _prefill_rounds({"auto": [90.0, 96.0, 110.0, 104.0], "built-in": [100.0, 100.0, 100.0, 100.0]})
+    text, rows = bench.table(args, rounds, bandwidth=1e10)
+    assert "| prefill | 8 | 110.0 | 100.0 | - | 1.10x (1.00x) |" in text
+    assert [r["ratio"] for r in rows[0]["per_round"]["auto / built-in"]] == pytest.approx([0.9, 0.96, 1.1, 1.04])
+    figure = bench.plot(rows, tmp_path / "plot.png")
+    assert [ax.get_title() for ax in figure.axes] == ["prefill", "every round: filled = the first engine started first"]
+    dots = figure.axes[1]
+    filled, hollow = (collection.get_offsets()[:, 1].tolist() for collection in dots.collections)
+    assert filled == pytest.approx([0.9, 0.96]) and hollow == pytest.approx([1.1, 1.04])
+    assert (tmp_path / "plot.png").stat().st_size > 0
