@@ -209,7 +209,11 @@ def parameter_count(text) -> int:
     Multi-token-prediction (``mtp.*``) and vision-tower tensors are not counted: the
     served model does not load them.
     """
-    return count_weights(ModelDims.from_hf(text, name="checkpoint", source="config.json")).total
+    return count_weights(_text_dims(text)).total
+
+
+def _text_dims(text) -> ModelDims:
+    return ModelDims.from_hf(text, name="checkpoint", source="config.json")
 
 
 # Bytes of one FP8 weight, and of one block scale as vLLM's FP8 layers hold it (float32).
@@ -221,11 +225,11 @@ def weight_bytes(text, dtype: str, fp8_block_size: tuple[int, int] | None = None
     """Bytes of the served text model's weights in ``dtype``; with ``fp8_block_size`` (a block-FP8
     checkpoint held in FP8, :func:`fp8_path`), the quantized projections at one byte each plus
     their block scales (``model.dims.count_fp8_weights``)."""
-    total = parameter_count(text) * DTYPE_BYTES[dtype]
+    dims = _text_dims(text)
+    total = count_weights(dims).total * DTYPE_BYTES[dtype]
     if fp8_block_size is None:
         return total
-    elements, blocks = count_fp8_weights(ModelDims.from_hf(text, name="checkpoint", source="config.json"),
-                                         fp8_block_size)
+    elements, blocks = count_fp8_weights(dims, fp8_block_size)
     return total - elements * (DTYPE_BYTES[dtype] - FP8_WEIGHT_BYTES) + blocks * FP8_SCALE_BYTES
 
 
